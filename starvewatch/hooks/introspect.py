@@ -1,0 +1,66 @@
+"""Reads a DataLoader's settings once, at `watch()`; never touches the batches."""
+from __future__ import annotations
+
+import sys
+
+
+def is_torch_dataloader(obj) -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        from torch.utils.data import DataLoader
+    except Exception:
+        return False
+    return isinstance(obj, DataLoader)
+
+
+def _start_method(loader) -> str | None:
+    if loader.num_workers == 0:
+        return None
+    ctx = loader.multiprocessing_context
+    if ctx is not None:
+        return ctx.get_start_method() if hasattr(ctx, "get_start_method") else str(ctx)
+    import multiprocessing
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+
+
+def dataloader_config(loader) -> dict:
+    """Every setting that the diagnosis may recommend changing, typed as torch takes it."""
+    try:
+        dataset_len = len(loader.dataset)
+    except Exception:  # IterableDataset, or a dataset without __len__
+        dataset_len = None
+    config = {
+        "num_workers": loader.num_workers,
+        "batch_size": loader.batch_size,
+        "pin_memory": bool(loader.pin_memory),
+        "persistent_workers": bool(loader.persistent_workers),
+        "prefetch_factor": loader.prefetch_factor if loader.num_workers > 0 else None,
+        "timeout": loader.timeout,
+        "drop_last": bool(loader.drop_last),
+        "multiprocessing_context": _start_method(loader),
+        "sampler": type(loader.sampler).__name__ if loader.sampler is not None else None,
+        "batch_sampler": type(loader.batch_sampler).__name__ if loader.batch_sampler is not None else None,
+        "dataset": type(loader.dataset).__name__,
+        "dataset_len": dataset_len,
+        "collate_fn": getattr(loader.collate_fn, "__name__", type(loader.collate_fn).__name__),
+    }
+    if hasattr(loader, "in_order"):  # torch >= 2.6
+        config["in_order"] = bool(loader.in_order)
+    return config
+
+
+def leading_dim(batch) -> int | None:
+    """Samples in a batch when it is unambiguous: the leading dimension of its first tensor."""
+    for _ in range(3):  # batch, (x, y), {"x": ...}: a few levels at most
+        shape = getattr(batch, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else None
+        if isinstance(batch, (list, tuple)) and batch:
+            batch = batch[0]
+        elif isinstance(batch, dict) and batch:
+            batch = next(iter(batch.values()))
+        else:
+            return None
+    return None

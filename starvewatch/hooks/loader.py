@@ -1,0 +1,353 @@
+"""The hot path: watched loaders and their per-epoch iterators, plus `step()` and `phase()`.
+
+Per batch the training thread reads the clock twice and appends one tuple to a bounded deque.
+Exact totals are summed from those records on the shipper thread; only a record that the full
+buffer drops is added into the totals here, so totals stay exact even when records are lost.
+"""
+from __future__ import annotations
+
+import functools
+import weakref
+from time import perf_counter_ns as _now
+
+from .introspect import leading_dim
+
+# Weak references to the iterators of the epochs in progress, innermost last. `step()` and
+# `phase()` attribute to the top one; an epoch that starts while another loader's step is open
+# (validation inside a training step) is subtracted from that step's compute. Weak, so that a
+# loop that breaks drops its iterator (and its worker processes) at once.
+ACTIVE: list = []
+
+# Record layout, a tuple as short as possible (allocation dominates the hot path):
+# ((loader index, epoch), step, start, wait, compute, batch size[, other, gpu token, phases]).
+# The last three only when step(), phase(), nesting or a CUDA event touched the step.
+R_KEY, R_STEP, R_START, R_WAIT, R_COMPUTE, R_BATCH, R_OTHER, R_GPU, R_PHASES = range(9)
+
+
+class WatchedIterator:
+    """One epoch of a watched loader: every `iter()` of the loader makes a new one."""
+
+    __slots__ = ("_it", "_state", "_buffer", "_capacity", "_key", "_epoch", "_step",
+                 "_t_call", "_t_ret", "_wait", "_open", "_marked", "_excluded", "_step_ns",
+                 "_step_used", "_in_step", "_phases", "_bs", "_first", "_probe_bs", "_startup",
+                 "_parent", "_parent_step", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
+                 "__weakref__")
+
+    def __init__(self, inner, state, t_iter_call: int, t_iter_ret: int) -> None:
+        self._it = inner
+        self._state = state
+        self._buffer = state.buffer
+        self._capacity = state.capacity
+        self._epoch = state.totals.epochs
+        self._key = (state.index, self._epoch)
+        state.totals.epochs += 1
+        self._step = 0
+        self._open = False
+        self._marked = False  # step(), phase(), a nested loop or a CUDA event touched this step
+        self._excluded = 0
+        self._step_ns = 0
+        self._step_used = False
+        self._in_step = False
+        self._phases = None
+        self._bs = state.fixed_batch_size
+        self._probe_bs = state.fixed_batch_size is None
+        self._first = True
+        self._startup = t_iter_ret - t_iter_call  # worker spawn: wait of the first step
+        self._t_epoch = t_iter_call
+        self._gpu = state.session.gpu_timer()
+        self._token = None
+        self._ended = False
+        parent = ACTIVE[-1]() if ACTIVE else None
+        if parent is not None and parent._open:
+            self._parent, self._parent_step = parent._wref, parent._step
+        else:
+            self._parent, self._parent_step = None, -1
+        self._wref = weakref.ref(self)
+        ACTIVE.append(self._wref)
+        state.current = self._wref
+        state.session.live_iterators.add(self)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        t_call = _now()
+        if self._open:
+            if self._marked:
+                self._close_step(t_call)
+            else:  # the common step, inlined: no step(), phase(), nesting or CUDA event
+                buffer = self._buffer
+                if len(buffer) < self._capacity:
+                    buffer.append((self._key, self._step, self._t_call, self._wait,
+                                   t_call - self._t_ret, self._bs))
+                else:
+                    self._drop(self._wait, t_call - self._t_ret, 0, None)
+                self._step += 1
+                self._open = False
+        it = self._it
+        if it is None:
+            raise StopIteration
+        gpu = self._gpu
+        token = gpu.begin() if gpu is not None else None
+        try:
+            batch = next(it)
+        except BaseException as exc:
+            t = _now()
+            # Worker join at the epoch's end (or a failing loader): wait, but not a step.
+            self._state.totals.epoch_end_wait_ns += t - t_call
+            if token is not None:
+                gpu.release(token)
+            if isinstance(exc, StopIteration):
+                self._end(t)
+            raise
+        t_ret = _now()
+        self._t_call = t_call
+        self._t_ret = t_ret
+        self._wait = t_ret - t_call
+        self._open = True
+        if token is not None:
+            gpu.end(token)
+            self._token = token
+            self._marked = True
+        if self._first:
+            self._first_batch(batch)
+        elif self._probe_bs:
+            self._bs = leading_dim(batch)
+        return batch
+
+    def _first_batch(self, batch) -> None:
+        self._first = False
+        self._wait += self._startup
+        self._startup = 0
+        if self._probe_bs:
+            self._bs = leading_dim(batch)
+            # Nothing batch-shaped in the first batch: stop looking for this epoch.
+            self._probe_bs = self._bs is not None
+
+    def _drop(self, wait: int, compute: int, other: int, token) -> None:
+        """The buffer is full: the record is lost, its durations are not."""
+        totals = self._state.totals
+        totals.dropped_records += 1
+        totals.steps += 1
+        totals.wait_ns += wait
+        totals.compute_ns += compute
+        totals.other_ns += other
+        if self._bs is not None:
+            totals.samples += self._bs
+        else:
+            totals.samples_known = False
+        if token is not None:
+            self._gpu.release(token)
+
+    def _close_step(self, t_end: int) -> None:
+        loop_ns = t_end - self._t_ret - self._excluded
+        if self._step_used:
+            compute = self._step_ns
+            other = loop_ns - compute if loop_ns > compute else 0
+        else:
+            compute, other = (loop_ns if loop_ns > 0 else 0), 0
+        buffer = self._buffer
+        if len(buffer) < self._capacity:
+            buffer.append((self._key, self._step, self._t_call, self._wait, compute, self._bs,
+                           other, self._token, self._phases))
+        else:
+            self._drop(self._wait, compute, other, self._token)
+        self._step += 1
+        self._open = False
+        self._marked = False
+        self._excluded = 0
+        self._step_ns = 0
+        self._step_used = False
+        self._in_step = False
+        self._phases = None
+        self._token = None
+
+    def _end(self, t_end: int) -> None:
+        """The epoch is over: exhausted, dropped (`break`) or closed by `finish()`."""
+        if self._ended:
+            return
+        self._ended = True
+        if self._open:
+            self._close_step(t_end)
+        if self._step == 0 and self._startup:
+            self._state.totals.epoch_end_wait_ns += self._startup
+        parent = self._parent() if self._parent is not None else None
+        if parent is not None and parent._open and parent._step == self._parent_step:
+            parent._excluded += t_end - self._t_epoch
+            parent._marked = True
+        self._parent = None
+        self._it = None  # never pin a finished inner iterator (it may hold worker processes)
+        if ACTIVE and ACTIVE[-1] is self._wref:
+            ACTIVE.pop()
+        elif self._wref in ACTIVE:
+            ACTIVE.remove(self._wref)
+        self._state.session.live_iterators.discard(self)
+
+    def close(self) -> None:
+        self._end(_now())
+
+    def __del__(self):
+        try:
+            if not self._ended:
+                self._end(_now())
+        except Exception:  # interpreter shutdown: nothing may raise from here
+            pass
+
+
+def start_epoch(state, make_inner):
+    state = state.attached()
+    t0 = _now()
+    inner = make_inner()
+    return WatchedIterator(inner, state, t0, _now())
+
+
+# ---- the wrappers ------------------------------------------------------------------------
+
+_WATCHED_CLASSES: dict[type, type] = {}
+
+
+def watched_dataloader_class(cls: type) -> type:
+    """A subclass of the loader's own class that only replaces `__iter__`: the object stays
+    an instance of DataLoader (and of the user's subclass) with every attribute it had."""
+    sub = _WATCHED_CLASSES.get(cls)
+    if sub is None:
+        base_iter = cls.__iter__
+
+        def __iter__(self):
+            return start_epoch(self.__dict__["_starvewatch_state"], lambda: base_iter(self))
+
+        sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "__starvewatch_watched__": True,
+                                          "__module__": cls.__module__,
+                                          "__qualname__": cls.__qualname__})
+        _WATCHED_CLASSES[cls] = sub
+    return sub
+
+
+class WatchedIterable:
+    """Wraps any other iterable (a list, a streaming pipeline, a generator...)."""
+
+    __starvewatch_watched__ = True
+
+    def __init__(self, obj, state) -> None:
+        self.__dict__["_sw_obj"] = obj
+        self.__dict__["_sw_state"] = state
+
+    def __iter__(self):
+        obj = self._sw_obj
+        return start_epoch(self._sw_state, lambda: iter(obj))
+
+    def __len__(self):
+        return len(self._sw_obj)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_sw_obj"], name)
+
+    def __repr__(self) -> str:
+        return f"watched({self._sw_obj!r})"
+
+
+class WatchedIteratorProxy(WatchedIterable):
+    """For objects that are iterators themselves, so `next(watched)` works as before."""
+
+    def __next__(self):
+        direct = self.__dict__.get("_sw_direct")
+        if direct is None or direct._ended:
+            direct = self.__dict__["_sw_direct"] = iter(self)
+        return next(direct)
+
+
+def is_watched(obj) -> bool:
+    return getattr(type(obj), "__starvewatch_watched__", False)
+
+
+# ---- step() and phase() --------------------------------------------------------------------
+
+
+def _target(loader):
+    if loader is None:
+        return ACTIVE[-1]() if ACTIVE else None
+    state = None
+    if isinstance(loader, str):
+        from . import session  # loaders by name live in the session
+        current = session.current_session()
+        state = current.loaders.get(loader) if current is not None else None
+    elif is_watched(loader):
+        state = loader.__dict__.get("_starvewatch_state") or loader.__dict__.get("_sw_state")
+    ref = state.current if state is not None else None
+    return ref() if ref is not None else None
+
+
+class _StepTimer:
+    """`with step():` marks the compute of the current step; outermost block counts."""
+
+    __slots__ = ("_loader", "_it", "_t0")
+
+    def __init__(self, loader=None) -> None:
+        self._loader = loader
+        self._it = None
+
+    def __enter__(self):
+        it = _target(self._loader)
+        if it is not None and it._open and not it._in_step:  # nested: outermost block counts
+            it._in_step = True
+            it._marked = True
+            self._it = it
+            self._t0 = _now()
+        else:
+            self._it = None
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        it = self._it
+        if it is not None:
+            self._it = None
+            t = _now()
+            if it._open and it._in_step:
+                it._step_ns += t - self._t0
+                it._step_used = True
+            it._in_step = False
+        return False
+
+    def __call__(self, fn):
+        loader = self._loader
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with _StepTimer(loader):
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+class _PhaseTimer:
+    """`with phase("forward"):` adds its duration to that phase of the current step."""
+
+    __slots__ = ("name", "_it", "_t0")
+
+    def __init__(self, name: str) -> None:
+        self.name = str(name)
+
+    def __enter__(self):
+        self._it = ACTIVE[-1]() if ACTIVE else None
+        self._t0 = _now()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        t = _now()
+        it = self._it
+        if it is not None and it._open:
+            phases = it._phases
+            if phases is None:
+                phases = it._phases = {}
+                it._marked = True
+            phases[self.name] = phases.get(self.name, 0) + t - self._t0
+        self._it = None
+        return False
+
+    def __call__(self, fn):
+        name = self.name
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with _PhaseTimer(name):
+                return fn(*args, **kwargs)
+        return wrapper

@@ -1,0 +1,35 @@
+"""The compact end-of-run report, like a test runner's final lines."""
+from __future__ import annotations
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: str | None = None) -> str:
+    verdict = summary["verdict"]
+    run = summary["run"]
+    lines = [f"starvewatch: run {run['name']} ({run['id']}) — input-bound: {verdict['input_bound']}, "
+             f"input wait {_pct(verdict['input_wait_fraction'])}"
+             + (f", limiting factor: {verdict['limiting_factor']}" if verdict.get("limiting_factor") else "")]
+    for loader in summary["loaders"]:
+        lines.append(f"  {loader['name']:<10} {loader['steps']:>8} steps  wait {_pct(loader['input_wait_fraction']):>6}"
+                     f"  {loader['verdict']:<17} {loader['batches_per_s'] or 0:.1f} batches/s")
+    if verdict.get("speedup_at_stake") and verdict["input_bound"] in ("moderate", "high"):
+        lines.append(f"  up to {verdict['speedup_at_stake']:.2f}x faster if the GPU never waited for data")
+    for rec in summary.get("recommendations", [])[:3]:
+        gain = f" (expected {rec['expected_speedup']:.2f}x)" if rec.get("expected_speedup") else ""
+        lines.append(f"  -> {rec['loader']}: {rec['parameter']}={rec['suggested']!r} "
+                     f"(now {rec['current']!r}){gain}: {rec['reason']}")
+    for stall in summary.get("stalls", [])[:3]:
+        lines.append(f"  !! stall on {stall.get('loader')}: waited {stall.get('wait_s', 0):.1f} s for one batch")
+    if dashboard_url:
+        lines.append(f"  full report: {dashboard_url}")
+    elif spool_dir:
+        lines.append(f"  full report: starvewatch export {run['id']} --format md  (data in {spool_dir})")
+    return "\n".join(lines)
+
+
+def print_report(summary: dict, session, file) -> None:
+    url = session.dashboard_url
+    print(format_report(summary, url, str(session.settings.dir)), file=file, flush=True)

@@ -1,0 +1,272 @@
+"""The run of this process: `init`, `watch`, `finish`, and what happens at fork and at exit."""
+from __future__ import annotations
+
+import atexit
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from time import perf_counter_ns
+
+from . import cuda
+from .identity import default_run_name, rank_info, run_id_for, run_metadata
+from .introspect import dataloader_config, is_torch_dataloader
+from .loader import (ACTIVE, WatchedIterable, WatchedIteratorProxy, is_watched,
+                     watched_dataloader_class)
+from .settings import HookSettings
+from .shipper import Shipper
+from .transport import Delivery, HttpTransport, MemoryTransport, Spool
+
+_LOCK = threading.RLock()
+_SESSION: "Session | None" = None
+_LAST_SUMMARY: dict | None = None
+_ATEXIT_REGISTERED = False
+
+
+class LoaderState:
+    """Everything the hot path touches for one loader, bound to one session."""
+
+    __slots__ = ("session", "name", "index", "totals", "config", "fixed_batch_size", "buffer",
+                 "capacity", "current", "kind")
+
+    def __init__(self, session: "Session", name: str, index: int, config: dict | None,
+                 fixed_batch_size: int | None, kind: str) -> None:
+        from ..stats import LoaderTotals
+        self.session = session
+        self.name = name
+        self.index = index
+        self.totals = LoaderTotals()
+        self.config = config
+        self.fixed_batch_size = fixed_batch_size
+        self.buffer = session.buffer
+        self.capacity = session.settings.buffer_capacity
+        self.current = None
+        self.kind = kind
+
+    def attached(self) -> "LoaderState":
+        """This loader's state in the current run (a new run after `finish()`)."""
+        if self.session.active and self.session.pid == os.getpid():
+            return self
+        session = ensure_session()
+        if session is None:
+            return self
+        return session.loaders.get(self.name) or session.add_loader(
+            self.name, self.config, self.fixed_batch_size, self.kind)
+
+    def describe(self, totals) -> dict:
+        return {"name": self.name, "kind": self.kind, "config": self.config,
+                "totals": totals.to_dict()}
+
+
+class Session:
+    def __init__(self, name: str, settings: HookSettings, transport=None) -> None:
+        self.name = name
+        self.settings = settings
+        self.run_id = run_id_for(name)
+        ranks = rank_info()
+        self.rank, self.world_size, self.local_rank = ranks["rank"], ranks["world_size"], ranks["local_rank"]
+        self.pid = os.getpid()
+        self.stream_id = f"{socket.gethostname()}-{self.pid}-{secrets.token_hex(4)}"
+        self.started_at = time.time()
+        self.ended_at: float | None = None
+        self.wall_offset_ns = time.time_ns() - perf_counter_ns()
+        self.buffer: deque = deque()
+        self.loaders: dict[str, LoaderState] = {}
+        self.loader_list: list[LoaderState] = []
+        self.live_iterators: weakref.WeakSet = weakref.WeakSet()
+        self.events: deque = deque()
+        self.dropped_events = 0
+        self.stalls: list[dict] = []
+        self.active = True
+        self._gpu_timer = None
+        self._meta: dict | None = None
+        self.dashboard_url: str | None = None
+        spool = Spool(settings.dir / "spool" / self.run_id / self.stream_id, settings.spool_max_bytes)
+        if transport is None and settings.url is not None:
+            transport = HttpTransport(settings.url, settings.token)
+        self.transport = transport
+        self.shipper = Shipper(self, Delivery(transport, spool))
+        self.samplers: list = []
+        self.shipper.start()
+
+    # ---- used by the hot path once per epoch ----------------------------------------------
+    def gpu_timer(self):
+        timer = self._gpu_timer
+        if timer is None and self.active:
+            factory = cuda.detect_event_factory()
+            if factory is not None:
+                timer = self._gpu_timer = cuda.CudaEventTimer(factory)
+        return timer if self.active else None
+
+    def gpu_timer_if_any(self):
+        return self._gpu_timer
+
+    # ---- loaders ----------------------------------------------------------------------------
+    def default_loader_name(self) -> str:
+        if "train" not in self.loaders:
+            return "train"
+        n = len(self.loader_list) + 1
+        while f"loader{n}" in self.loaders:
+            n += 1
+        return f"loader{n}"
+
+    def add_loader(self, name: str, config: dict | None, fixed_batch_size: int | None,
+                   kind: str) -> LoaderState:
+        state = LoaderState(self, name, len(self.loader_list), config, fixed_batch_size, kind)
+        self.loaders[name] = state
+        self.loader_list.append(state)
+        return state
+
+    # ---- events from the samplers ---------------------------------------------------------
+    def emit(self, kind: str, event: dict, limit: int = 100_000) -> None:
+        if len(self.events) < limit:
+            self.events.append((kind, event))
+        else:
+            self.dropped_events += 1
+
+    def drain_events(self) -> dict:
+        out: dict[str, list] = {}
+        events = self.events
+        while events:
+            try:
+                kind, event = events.popleft()
+            except IndexError:
+                break
+            out.setdefault(kind, []).append(event)
+        return out
+
+    # ---- metadata and lifecycle -------------------------------------------------------------
+    def metadata(self) -> dict:
+        if self._meta is None:
+            self._meta = run_metadata(self.name, self.run_id)
+        meta = dict(self._meta)
+        meta.update(started_at=self.started_at, ended_at=self.ended_at,
+                    status="live" if self.active else "finished")
+        return meta
+
+    def on_shipper_start(self, shipper) -> None:
+        self.metadata()
+        if self.transport is not None and isinstance(self.transport, HttpTransport):
+            from .collector_link import connect
+            connect(self)
+
+    def close_open_steps(self) -> None:
+        now = perf_counter_ns()
+        for it in list(self.live_iterators):
+            if it._open:
+                it._close_step(now)
+                it._open = False
+            # Keep a loop that goes on after finish() working, without buffering anything.
+            it._capacity = 0
+            it._gpu = None
+
+    def summary(self) -> dict:
+        from ..monitor.analysis import LoaderData, summarize
+        loaders = [LoaderData(name=s.name, config=s.config, totals=self.shipper.loader_totals(s),
+                              records=self.shipper.record_stats.get(s.index), ranks=[self.rank])
+                   for s in self.loader_list]
+        run = {k: v for k, v in self.metadata().items()}
+        run.update(status="finished" if not self.active else "live", rank=self.rank,
+                   world_size=self.world_size)
+        return summarize(run, loaders, stalls=self.stalls)
+
+
+def current_session() -> Session | None:
+    return _SESSION
+
+
+def _register_atexit() -> None:
+    global _ATEXIT_REGISTERED
+    if not _ATEXIT_REGISTERED:
+        atexit.register(_finish_at_exit)
+        _ATEXIT_REGISTERED = True
+
+
+def init(name: str | None = None, *, url: str | None = None, dir=None, transport=None) -> Session | None:
+    """Start (or return) this process's run. Optional: the first `watch()` calls it."""
+    global _SESSION
+    with _LOCK:
+        if _SESSION is not None and _SESSION.active:
+            return _SESSION
+        settings = HookSettings.from_env(url=url, dir=dir)
+        if settings.disabled:
+            return None
+        _SESSION = Session(name or default_run_name(), settings, transport)
+        _register_atexit()
+        from .samplers import start_samplers
+        start_samplers(_SESSION)
+        return _SESSION
+
+
+def ensure_session() -> Session | None:
+    session = _SESSION
+    if session is not None and session.active:
+        return session
+    return init()
+
+
+def watch(loader, name: str | None = None):
+    """Wrap a loader (a DataLoader or any iterable) so every batch is timed."""
+    if is_watched(loader):
+        return loader
+    if loader is None or not hasattr(loader, "__iter__"):
+        raise TypeError(f"starvewatch.watch() needs an iterable, got {type(loader).__name__}")
+    session = ensure_session()
+    if session is None:  # STARVEWATCH_DISABLED=1: a pass-through, no threads
+        return loader
+    with _LOCK:
+        name = str(name) if name is not None else session.default_loader_name()
+        if is_torch_dataloader(loader):
+            state = session.loaders.get(name) or session.add_loader(
+                name, dataloader_config(loader), loader.batch_size, "DataLoader")
+            object.__setattr__(loader, "_starvewatch_state", state)
+            loader.__class__ = watched_dataloader_class(type(loader))
+            return loader
+        state = session.loaders.get(name) or session.add_loader(name, None, None, type(loader).__name__)
+    cls = WatchedIteratorProxy if hasattr(loader, "__next__") else WatchedIterable
+    return cls(loader, state)
+
+
+def finish(*, quiet: bool | None = None) -> dict | None:
+    """Flush, stop the threads, end the run and return its summary (starvewatch.summary/1)."""
+    global _LAST_SUMMARY
+    with _LOCK:
+        session = _SESSION
+        if session is None or not session.active or session.pid != os.getpid():
+            return _LAST_SUMMARY
+        session.close_open_steps()
+        session.active = False
+        session.ended_at = time.time()
+        for sampler in session.samplers:
+            sampler.stop()
+        session.shipper.stop(session.settings.flush_timeout_s + 0.5)
+        summary = session.summary()
+        _LAST_SUMMARY = summary
+    if not (session.settings.quiet if quiet is None else quiet):
+        from .report import print_report
+        print_report(summary, session, file=sys.stderr)
+    return summary
+
+
+def _finish_at_exit() -> None:
+    try:
+        finish()
+    except Exception:  # never turn a clean exit into a traceback
+        pass
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker) owns none of the parent's run: no threads were
+    copied, and re-sending the parent's buffered records would duplicate them."""
+    global _SESSION, _LOCK
+    _SESSION = None
+    _LOCK = threading.RLock()
+    ACTIVE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,0 +1,63 @@
+"""Settings of the training-process side, read once from the environment at `init()`."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PORT = 8412
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+# STARVEWATCH_URL=off keeps everything in the local spool (no network at all).
+OFF_VALUES = {"off", "none", "0", "false", ""}
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() not in {"0", "false", "no", "off", ""}
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("STARVEWATCH_DIR") or Path.home() / ".starvewatch")
+
+
+@dataclass
+class HookSettings:
+    dir: Path
+    url: str | None            # None: spool only
+    url_is_default: bool       # only the default (or a loopback URL) may be auto-started
+    token: str | None
+    autostart: bool
+    disabled: bool
+    ship_interval_s: float = 0.5
+    buffer_capacity: int = 1_000_000
+    max_batch_records: int = 20_000
+    spool_max_bytes: int = 256 * 1024 * 1024
+    flush_timeout_s: float = 2.0
+    host_interval_s: float = 0.5
+    gpu_interval_s: float = 1.0
+    stall_min_s: float = 10.0
+    stall_median_factor: float = 20.0
+    quiet: bool = False
+
+    @classmethod
+    def from_env(cls, *, url: str | None = None, dir: str | os.PathLike | None = None) -> "HookSettings":
+        raw_url = url if url is not None else os.environ.get("STARVEWATCH_URL")
+        url_is_default = raw_url is None
+        if raw_url is None:
+            raw_url = DEFAULT_URL
+        resolved = None if raw_url.strip().lower() in OFF_VALUES else raw_url.rstrip("/")
+        return cls(
+            dir=Path(dir) if dir is not None else default_dir(),
+            url=resolved,
+            url_is_default=url_is_default,
+            token=os.environ.get("STARVEWATCH_TOKEN") or None,
+            autostart=_flag("STARVEWATCH_AUTOSTART", True),
+            disabled=_flag("STARVEWATCH_DISABLED", False),
+            quiet=_flag("STARVEWATCH_QUIET", False),
+            host_interval_s=float(os.environ.get("STARVEWATCH_HOST_INTERVAL_S", 0.5)),
+            gpu_interval_s=float(os.environ.get("STARVEWATCH_GPU_INTERVAL_S", 1.0)),
+            stall_min_s=float(os.environ.get("STARVEWATCH_STALL_MIN_S", 10.0)),
+            stall_median_factor=float(os.environ.get("STARVEWATCH_STALL_FACTOR", 20.0)),
+        )

@@ -1,0 +1,216 @@
+"""Mergeable statistics shared by the training process and the collector.
+
+Both sides feed the same records into the same structures, so `finish()` and the collector's
+summary agree exactly (same bucket boundaries, same percentile rule), and a multi-million-step
+run is summarised from a few hundred buckets instead of a scan of every row.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+_NUMPY = None
+
+
+def _numpy():
+    global _NUMPY
+    if _NUMPY is None:
+        try:
+            import numpy
+            _NUMPY = numpy
+        except ImportError:  # pragma: no cover - numpy is optional
+            _NUMPY = False
+    return _NUMPY or None
+
+# Log-linear buckets: 32 per power of two (bucket width at most 1/32 of its value, so a
+# quantile is within 1.6%). Computed with frexp, exact for integers below 2**53, so the
+# training process and the collector put every value in the same bucket.
+SUB_BUCKETS = 32
+
+
+def bucket_of(value_ns: int) -> int:
+    if value_ns <= 0:
+        return -1
+    m, e = math.frexp(value_ns)
+    return e * SUB_BUCKETS + int((m - 0.5) * 2 * SUB_BUCKETS)
+
+
+def bucket_value(index: int) -> float:
+    """Representative value (geometric middle) of a bucket, in ns."""
+    if index < 0:
+        return 0.0
+    e, sub = divmod(index, SUB_BUCKETS)
+    lower = (0.5 + sub / (2 * SUB_BUCKETS)) * 2.0 ** e
+    upper = (0.5 + (sub + 1) / (2 * SUB_BUCKETS)) * 2.0 ** e
+    return math.sqrt(lower * upper)
+
+
+class LogHistogram:
+    """A sparse log-bucketed histogram of non-negative durations in ns (like DDSketch)."""
+
+    __slots__ = ("counts", "count", "total", "maximum")
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.count = 0
+        self.total = 0
+        self.maximum = 0
+
+    def add(self, value_ns: int) -> None:
+        index = bucket_of(value_ns)
+        self.counts[index] = self.counts.get(index, 0) + 1
+        self.count += 1
+        self.total += value_ns
+        if value_ns > self.maximum:
+            self.maximum = value_ns
+
+    def add_many(self, values) -> None:
+        """Add a column of values (numpy when installed: the shipper and the collector
+        handle hundreds of thousands of records a second)."""
+        if not len(values):
+            return
+        np = _numpy()
+        if np is not None:
+            arr = np.asarray(values, dtype=np.int64)
+            positive = arr[arr > 0]
+            m, e = np.frexp(positive.astype(np.float64))
+            idx = e.astype(np.int64) * SUB_BUCKETS + ((m - 0.5) * (2 * SUB_BUCKETS)).astype(np.int64)
+            keys, counts = np.unique(idx, return_counts=True)
+            table = self.counts
+            for k, n in zip(keys.tolist(), counts.tolist()):
+                table[k] = table.get(k, 0) + n
+            zeros = len(arr) - len(positive)
+            if zeros:
+                table[-1] = table.get(-1, 0) + zeros
+            self.count += len(arr)
+            self.total += int(arr.sum())
+            top = int(arr.max())
+        else:
+            table = self.counts
+            for v in values:
+                index = bucket_of(v)
+                table[index] = table.get(index, 0) + 1
+            self.count += len(values)
+            self.total += sum(values)
+            top = max(values)
+        if top > self.maximum:
+            self.maximum = top
+
+    def subtract(self, other: "LogHistogram") -> "LogHistogram":
+        """A histogram of the values in self but not in other (other must be a subset)."""
+        out = LogHistogram()
+        for index, n in self.counts.items():
+            left = n - other.counts.get(index, 0)
+            if left > 0:
+                out.counts[index] = left
+        out.count = self.count - other.count
+        out.total = self.total - other.total
+        out.maximum = self.maximum  # an upper bound: the subset's maximum may be the same value
+        return out
+
+    def merge(self, other: "LogHistogram") -> None:
+        for index, n in other.counts.items():
+            self.counts[index] = self.counts.get(index, 0) + n
+        self.count += other.count
+        self.total += other.total
+        self.maximum = max(self.maximum, other.maximum)
+
+    def quantile(self, q: float) -> float | None:
+        """Nearest-rank quantile (within 1%), in ns; None when empty."""
+        if self.count == 0:
+            return None
+        rank = max(1, math.ceil(q * self.count))
+        seen = 0
+        for index in sorted(self.counts):
+            seen += self.counts[index]
+            if seen >= rank:
+                return min(bucket_value(index), float(self.maximum))
+        return float(self.maximum)
+
+    def count_above(self, threshold_ns: float) -> int:
+        return sum(n for i, n in self.counts.items() if bucket_value(i) > threshold_ns)
+
+    def to_dict(self) -> dict:
+        return {"counts": {str(k): v for k, v in self.counts.items()}, "count": self.count,
+                "total": self.total, "max": self.maximum}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LogHistogram":
+        h = cls()
+        h.counts = {int(k): int(v) for k, v in data.get("counts", {}).items()}
+        h.count, h.total, h.maximum = int(data["count"]), int(data["total"]), int(data["max"])
+        return h
+
+
+@dataclass(slots=True)  # slots: the hot path updates these attributes on every batch
+class LoaderTotals:
+    """Exact running totals kept on the training thread (never approximate, even on drops)."""
+
+    steps: int = 0
+    epochs: int = 0
+    wait_ns: int = 0
+    compute_ns: int = 0
+    other_ns: int = 0
+    epoch_end_wait_ns: int = 0
+    samples: int = 0
+    samples_known: bool = True
+    dropped_records: int = 0
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LoaderTotals":
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+    def merge(self, other: "LoaderTotals") -> None:
+        for name in ("steps", "epochs", "wait_ns", "compute_ns", "other_ns",
+                     "epoch_end_wait_ns", "samples", "dropped_records"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.samples_known = self.samples_known and other.samples_known
+
+
+@dataclass
+class RecordStats:
+    """What is built from the step records (percentiles, epoch start-up, GPU idle)."""
+
+    wait: LogHistogram = field(default_factory=LogHistogram)
+    compute: LogHistogram = field(default_factory=LogHistogram)
+    first_wait: LogHistogram = field(default_factory=LogHistogram)  # step 0 of each epoch
+    gpu_idle_ns: int = 0
+    gpu_measured_steps: int = 0
+    gpu_loop_ns: int = 0  # wait + compute of the steps that have a GPU measurement
+
+    def add_columns(self, steps, waits, computes, gpu_idles) -> None:
+        self.wait.add_many(waits)
+        self.compute.add_many(computes)
+        if 0 in steps:
+            self.first_wait.add_many([w for s, w in zip(steps, waits) if s == 0])
+        if gpu_idles.count(None) != len(gpu_idles):
+            for w, c, g in zip(waits, computes, gpu_idles):
+                if g is not None:
+                    self.gpu_idle_ns += g
+                    self.gpu_measured_steps += 1
+                    self.gpu_loop_ns += w + c
+
+    def steady_wait(self) -> LogHistogram:
+        """Waits of every step but the first of each epoch."""
+        return self.wait.subtract(self.first_wait)
+
+    def merge(self, other: "RecordStats") -> None:
+        for name in ("wait", "compute", "first_wait"):
+            getattr(self, name).merge(getattr(other, name))
+        self.gpu_idle_ns += other.gpu_idle_ns
+        self.gpu_measured_steps += other.gpu_measured_steps
+        self.gpu_loop_ns += other.gpu_loop_ns
+
+    def to_dict(self) -> dict:
+        return {"wait": self.wait.to_dict(), "compute": self.compute.to_dict(),
+                "first_wait": self.first_wait.to_dict(), "gpu_idle_ns": self.gpu_idle_ns,
+                "gpu_measured_steps": self.gpu_measured_steps, "gpu_loop_ns": self.gpu_loop_ns}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RecordStats":
+        return cls(**{k: LogHistogram.from_dict(data[k]) for k in ("wait", "compute", "first_wait")},
+                   gpu_idle_ns=data["gpu_idle_ns"], gpu_measured_steps=data["gpu_measured_steps"],
+                   gpu_loop_ns=data["gpu_loop_ns"])

@@ -1,0 +1,254 @@
+"""What is measured: wait vs compute against ground truth timed by the test's own loop."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import starvewatch
+from starvewatch.hooks import cuda
+from tests.conftest import shipped_column, shipped_steps
+
+
+class SleepyDataset(Dataset):
+    """Each item sleeps: a batch of `batch` items costs about batch x item_s to load."""
+
+    def __init__(self, n, item_s):
+        self.n, self.item_s = n, item_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.item_s)
+        return torch.tensor([float(i)])
+
+
+@pytest.mark.parametrize("load_ms,compute_ms,workers", [
+    (8, 2, 0), (2, 8, 0), (5, 5, 0), (12, 4, 2), (4, 12, 2),
+])
+def test_input_wait_fraction_matches_ground_truth(load_ms, compute_ms, workers):
+    loader = DataLoader(SleepyDataset(40, load_ms / 1000 / 2), batch_size=2, num_workers=workers)
+    watched = starvewatch.watch(loader)
+    wait_ns = compute_ns = 0
+    for _ in range(2):
+        t = time.perf_counter_ns()
+        it = iter(watched)
+        while True:
+            try:
+                next(it)
+            except StopIteration:
+                wait_ns += time.perf_counter_ns() - t
+                break
+            t1 = time.perf_counter_ns()
+            wait_ns += t1 - t
+            time.sleep(compute_ms / 1000)
+            t = time.perf_counter_ns()
+            compute_ns += t - t1
+        del it
+    truth = wait_ns / (wait_ns + compute_ns)
+    summary = starvewatch.finish()
+    measured = summary["loaders"][0]["input_wait_fraction"]
+    assert summary["loaders"][0]["steps"] == 40
+    assert measured == pytest.approx(truth, abs=0.03)
+
+
+def test_step_block_is_compute_and_the_rest_is_other(memory_run):
+    session, transport = memory_run
+    for _ in starvewatch.watch(range(25)):
+        with starvewatch.step():
+            time.sleep(0.004)
+        time.sleep(0.002)  # logging, checkpointing: outside the step block
+    summary = starvewatch.finish()
+    loader = summary["loaders"][0]
+    assert loader["compute_ms"]["mean"] == pytest.approx(4.1, abs=1.5)
+    assert loader["other_ms_total"] / 25 == pytest.approx(2.1, abs=1.5)
+    others = shipped_column(transport, "other_ns")
+    assert len(others) == 25 and min(others) > 1_000_000
+
+
+def test_step_decorator_and_nesting_count_the_outermost_block(memory_run):
+    @starvewatch.step
+    def train_step():
+        with starvewatch.step():  # nested: not counted twice
+            time.sleep(0.003)
+
+    for _ in starvewatch.watch(range(20)):
+        train_step()
+    loader = starvewatch.finish()["loaders"][0]
+    assert 2.5 < loader["compute_ms"]["mean"] < 6
+
+
+def test_phases_are_recorded_per_step(memory_run):
+    session, transport = memory_run
+    for _ in starvewatch.watch(range(3)):
+        with starvewatch.phase("forward"):
+            time.sleep(0.002)
+        with starvewatch.phase("backward"):
+            with starvewatch.phase("allreduce"):
+                time.sleep(0.001)
+    starvewatch.finish()
+    phases = [p for payload in transport.payloads for p in payload["phases"]]
+    names = sorted({p[3] for p in phases})
+    assert names == ["allreduce", "backward", "forward"]
+    forward = [p for p in phases if p[3] == "forward"]
+    assert [(p[0], p[1], p[2]) for p in forward] == [("train", 0, 0), ("train", 0, 1), ("train", 0, 2)]
+    assert all(p[4] >= 2_000_000 for p in forward)
+
+
+def test_validation_inside_a_training_step_is_attributed_to_validation(memory_run):
+    session, transport = memory_run
+    train = starvewatch.watch(range(21), name="train")
+    val = starvewatch.watch(range(5), name="val")
+    for i in train:
+        time.sleep(0.001)
+        if i == 10:
+            for _ in val:
+                time.sleep(0.02)  # 100 ms of validation inside train step 10
+    summary = starvewatch.finish()
+    computes = shipped_column(transport, "compute_ns", loader="train")
+    assert max(computes) < 20_000_000, "validation time leaked into the training step"
+    by_name = {l["name"]: l for l in summary["loaders"]}
+    assert by_name["val"]["steps"] == 5
+    assert by_name["val"]["compute_ms"]["mean"] == pytest.approx(20, abs=8)
+
+
+def test_epoch_startup_counts_as_wait_of_the_first_step(memory_run):
+    session, transport = memory_run
+
+    class SlowStart:
+        def __iter__(self):
+            time.sleep(0.05)  # like spawning workers
+            return iter(range(3))
+
+    list(starvewatch.watch(SlowStart()))
+    starvewatch.finish()
+    waits = shipped_column(transport, "wait_ns")
+    assert waits[0] >= 50_000_000 and max(waits[1:]) < 10_000_000
+
+
+def test_records_are_unique_and_ordered(memory_run):
+    session, transport = memory_run
+    loader = starvewatch.watch(range(1000))
+    for _ in range(3):
+        for _ in loader:
+            pass
+    starvewatch.finish()
+    steps = shipped_steps(transport)
+    assert len(steps) == len(set(steps)) == 3000
+    assert sorted(steps) == [("train", e, s) for e in range(3) for s in range(1000)]
+
+
+class FakeGpu:
+    """A GPU queue: kernels run one after another; an event completes when the work queued
+    before it is done. Models torch.cuda.Event's record/query/elapsed_time."""
+
+    def __init__(self):
+        self.busy_until = time.perf_counter()
+
+    def launch(self, seconds):
+        self.busy_until = max(self.busy_until, time.perf_counter()) + seconds
+
+    def event(self):
+        gpu = self
+
+        class Event:
+            def __init__(self):
+                self.at = None
+
+            def record(self):
+                self.at = max(gpu.busy_until, time.perf_counter())
+
+            def query(self):
+                return self.at is not None and time.perf_counter() >= self.at
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 1000.0
+
+        return Event()
+
+
+@pytest.mark.parametrize("gpu_work_s,expect_idle", [(0.001, True), (0.03, False)])
+def test_cuda_events_measure_what_the_gpu_saw(monkeypatch, memory_run, gpu_work_s, expect_idle):
+    session, transport = memory_run
+    gpu = FakeGpu()
+    monkeypatch.setattr(cuda, "detect_event_factory", lambda: gpu.event)
+
+    def slow_source():
+        for i in range(25):
+            time.sleep(0.01)  # 10 ms data wait per step
+            yield i
+
+    for _ in starvewatch.watch(slow_source()):
+        gpu.launch(gpu_work_s)  # asynchronous: the CPU goes on at once
+        time.sleep(0.001)
+    summary = starvewatch.finish()
+    idle = shipped_column(transport, "gpu_idle_ns")
+    assert len(idle) == 25 and all(v is not None for v in idle)
+    fraction = summary["verdict"]["gpu_idle_fraction"]
+    if expect_idle:  # the queue was empty while the loop waited: the GPU starved
+        assert fraction > 0.6
+    else:  # a 30 ms backlog per step hid the 10 ms wait from the GPU
+        # only the very first step found the GPU idle
+        assert fraction < 0.08 and sorted(idle)[12] == 0
+        assert summary["loaders"][0]["input_wait_fraction"] > 0.6
+
+
+def test_exhausted_event_pool_skips_rather_than_blocks(monkeypatch, memory_run):
+    session, transport = memory_run
+    gpu = FakeGpu()
+    monkeypatch.setattr(cuda, "detect_event_factory", lambda: gpu.event)
+    session._gpu_timer = cuda.CudaEventTimer(gpu.event, pool_size=2)
+    gpu.launch(3600)  # nothing completes: every pair stays pending
+    for _ in starvewatch.watch(range(10)):
+        pass
+    assert session._gpu_timer.skipped >= 8
+    summary = starvewatch.finish()
+    assert summary["loaders"][0]["steps"] == 10
+    assert shipped_column(transport, "gpu_idle_ns").count(None) == 10
+
+
+_DIST_SCRIPT = """
+import starvewatch, json
+from starvewatch.hooks.transport import MemoryTransport
+s = starvewatch.init('ddp', transport=MemoryTransport())
+print(json.dumps([s.run_id, s.rank, s.world_size]))
+"""
+
+
+def test_ranks_of_one_job_share_a_run_id(tmp_path):
+    ids = []
+    for rank in (0, 1):
+        env = dict(os.environ, TORCHELASTIC_RUN_ID="job42", RANK=str(rank), WORLD_SIZE="2",
+                   LOCAL_RANK=str(rank), STARVEWATCH_URL="off")
+        out = subprocess.run([sys.executable, "-c", _DIST_SCRIPT], env=env, capture_output=True,
+                             text=True, check=True, cwd=tmp_path)
+        ids.append(tuple(__import__("json").loads(out.stdout.splitlines()[0])))
+    assert ids[0][0] == ids[1][0] and ids[0][1:] == (0, 2) and ids[1][1:] == (1, 2)
+
+
+class SquareDataset(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i * i)])
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_worker_processes_under_every_start_method(memory_run, method):
+    session, transport = memory_run
+    loader = starvewatch.watch(DataLoader(SquareDataset(), batch_size=4, num_workers=2,
+                                          multiprocessing_context=method,
+                                          persistent_workers=True))
+    for _ in range(20):
+        values = [b.flatten().tolist() for b in loader]
+        assert sum(values, []) == [float(i * i) for i in range(16)]
+    summary = starvewatch.finish()
+    assert summary["loaders"][0]["steps"] == 80
+    assert summary["loaders"][0]["config"]["multiprocessing_context"] == method
+    steps = shipped_steps(transport)
+    assert len(steps) == len(set(steps)) == 80

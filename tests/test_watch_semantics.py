@@ -1,0 +1,213 @@
+"""A watched loader iterates exactly like the original and keeps every attribute."""
+import gc
+import subprocess
+import sys
+import threading
+import weakref
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+
+import starvewatch
+from tests.conftest import shipped_steps
+
+
+class EpochSampler(Sampler):
+    def __init__(self, n):
+        self.n = n
+        self.epoch = None
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+def test_import_loads_no_heavy_module():
+    code = ("import sys, starvewatch; heavy = [m for m in ('torch', 'fastapi', 'dash', 'plotly', "
+            "'pynvml', 'psutil', 'orjson', 'pydantic', 'uvicorn') if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_watched_dataloader_is_the_same_dataloader(memory_run):
+    ds = TensorDataset(torch.arange(10.0))
+    sampler = EpochSampler(10)
+    loader = DataLoader(ds, batch_size=3, sampler=sampler)
+    loader.custom_attribute = "kept"
+    watched = starvewatch.watch(loader)
+    assert isinstance(watched, DataLoader)
+    assert watched.dataset is ds and watched.sampler is sampler and watched.batch_size == 3
+    assert len(watched) == 4 and watched.custom_attribute == "kept"
+    assert starvewatch.watch(watched) is watched  # watching twice changes nothing
+    watched.sampler.set_epoch(3)
+    assert sampler.epoch == 3
+    batches = [b[0].tolist() for b in watched]
+    assert batches == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0]]
+    assert [b[0].tolist() for b in watched] == batches  # every iter() is a new epoch
+
+
+def test_subclass_of_dataloader_stays_its_class(memory_run):
+    class MyLoader(DataLoader):
+        def extra(self):
+            return "mine"
+
+    watched = starvewatch.watch(MyLoader(TensorDataset(torch.arange(4.0)), batch_size=2))
+    assert isinstance(watched, MyLoader) and watched.extra() == "mine"
+    assert len(list(watched)) == 2
+
+
+def test_default_names_and_summary_per_loader(memory_run):
+    a = starvewatch.watch([1, 2, 3])
+    b = starvewatch.watch(range(5))
+    c = starvewatch.watch(iter([7, 8]))
+    assert (list(a), list(b), list(c)) == ([1, 2, 3], list(range(5)), [7, 8])
+    summary = starvewatch.finish()
+    assert [(l["name"], l["steps"]) for l in summary["loaders"]] == [
+        ("train", 3), ("loader2", 5), ("loader3", 2)]
+    assert summary["schema"] == "starvewatch.summary/1"
+
+
+def test_break_exception_and_stopiteration_behave_as_without(memory_run):
+    session, transport = memory_run
+    watched = starvewatch.watch(list(range(10)), name="l")
+    for i in watched:
+        if i == 3:
+            break
+    with pytest.raises(ValueError, match="boom"):
+        for i in watched:
+            if i == 2:
+                raise ValueError("boom")
+    it = iter(watched)
+    assert [next(it) for _ in range(10)] == list(range(10))
+    with pytest.raises(StopIteration):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+    summary = starvewatch.finish()
+    # 4 steps before the break, 3 before the exception, 10 in the full epoch
+    assert summary["loaders"][0]["steps"] == 17
+    assert summary["loaders"][0]["epochs"] == 3
+    assert len(shipped_steps(transport)) == 17
+
+
+def test_exception_from_the_loader_propagates(memory_run):
+    def broken():
+        yield 1
+        raise RuntimeError("worker died")
+
+    watched = starvewatch.watch(broken())
+    with pytest.raises(RuntimeError, match="worker died"):
+        for _ in watched:
+            pass
+    assert starvewatch.finish()["loaders"][0]["steps"] == 1
+
+
+def test_next_on_a_watched_iterator_and_while_true_loses_nothing(memory_run):
+    session, transport = memory_run
+    gen = starvewatch.watch((i * i for i in range(100)), name="stream")
+    got = [next(gen) for _ in range(5)]
+    assert got == [0, 1, 4, 9, 16]
+    summary = starvewatch.finish()  # the 5th batch is still open: it is a step too
+    assert summary["loaders"][0]["steps"] == 5
+    assert next(gen) == 25  # the loop may go on after finish(), unmeasured
+
+
+def test_no_reference_to_batches_or_finished_iterators(memory_run):
+    class Batch:
+        pass
+
+    refs = []
+
+    def produce():
+        for _ in range(5):
+            b = Batch()
+            refs.append(weakref.ref(b))
+            yield b
+
+    class Source:
+        def __iter__(self):
+            inner = produce()
+            refs.append(weakref.ref(inner))
+            return inner
+
+    watched = starvewatch.watch(Source())
+
+    def train():  # loop variables die with the frame, as in a real training function
+        for _ in watched:
+            pass
+        for _ in watched:
+            break
+
+    train()
+    gc.collect()
+    assert len(refs) == 2 + 5 + 1  # two inner iterators, six batches
+    assert all(r() is None for r in refs), "a batch or a finished iterator is still referenced"
+
+
+def test_disabled_is_a_pass_through_without_threads(monkeypatch):
+    monkeypatch.setenv("STARVEWATCH_DISABLED", "1")
+    before = {t.name for t in threading.enumerate()}
+    data = [1, 2, 3]
+    assert starvewatch.watch(data) is data
+    loader = DataLoader(TensorDataset(torch.arange(4.0)))
+    assert starvewatch.watch(loader) is loader and type(loader) is DataLoader
+    assert {t.name for t in threading.enumerate()} == before
+    assert starvewatch.finish() is None or True  # nothing was started: finish is harmless
+
+
+def test_watch_after_finish_starts_a_new_run():
+    loader = starvewatch.watch(DataLoader(TensorDataset(torch.arange(4.0)), batch_size=1))
+    list(loader)
+    first = starvewatch.finish()
+    list(loader)  # a watched loader iterated after finish() joins the next run
+    list(loader)
+    second = starvewatch.finish()
+    assert first["run"]["id"] != second["run"]["id"]
+    assert first["loaders"][0]["steps"] == 4
+    assert second["loaders"][0]["steps"] == 8 and second["loaders"][0]["epochs"] == 2
+
+
+def test_watch_rejects_non_iterables():
+    with pytest.raises(TypeError, match="needs an iterable"):
+        starvewatch.watch(42)
+
+
+def test_batch_size_from_loader_or_leading_dimension(memory_run):
+    session, transport = memory_run
+    loader = starvewatch.watch(DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=4))
+    pairs = starvewatch.watch([(torch.zeros(5, 3), torch.zeros(5)), (torch.zeros(2, 3), torch.zeros(2))],
+                              name="pairs")
+    ints = starvewatch.watch([1, 2], name="ints")
+    for it in (loader, pairs, ints):
+        list(it)
+    summary = starvewatch.finish()
+    sizes = {}
+    for p in transport.payloads:
+        for name, bs in zip(p["steps"]["loader"], p["steps"]["batch_size"]):
+            sizes.setdefault(name, []).append(bs)
+    assert sizes == {"train": [4, 4, 4], "pairs": [5, 2], "ints": [None, None]}
+    by_name = {l["name"]: l for l in summary["loaders"]}
+    assert by_name["ints"]["samples_per_s"] is None and by_name["pairs"]["samples_per_s"] > 0
+
+
+def test_full_buffer_drops_and_counts_but_totals_stay_exact(memory_run):
+    session, transport = memory_run
+    session.shipper._stop_requested.set()  # keep the shipper from draining: buffer fills
+    session.shipper._wake.set()
+    session.shipper.join(5)
+    watched = starvewatch.watch(range(100))
+    state = session.loaders["train"]
+    state.capacity = 30
+    list(watched)
+    session.shipper = type(session.shipper)(session, session.shipper.delivery)  # fresh, not started
+    summary = starvewatch.finish()
+    loader = summary["loaders"][0]
+    assert loader["steps"] == 100
+    assert loader["dropped_records"] == 70
+    assert len(shipped_steps(transport)) == 30
