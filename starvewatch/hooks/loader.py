@@ -71,19 +71,10 @@ class WatchedIterator:
         return self
 
     def __next__(self):
+        """The general path: first batch of an epoch, batch-size probing, CUDA events."""
         t_call = _now()
         if self._open:
-            if self._marked:
-                self._close_step(t_call)
-            else:  # the common step, inlined: no step(), phase(), nesting or CUDA event
-                buffer = self._buffer
-                if len(buffer) < self._capacity:
-                    buffer.append((self._key, self._step, self._t_call, self._wait,
-                                   t_call - self._t_ret, self._bs))
-                else:
-                    self._drop(self._wait, t_call - self._t_ret, 0, None)
-                self._step += 1
-                self._open = False
+            self._close_step(t_call)
         it = self._it
         if it is None:
             raise StopIteration
@@ -92,13 +83,9 @@ class WatchedIterator:
         try:
             batch = next(it)
         except BaseException as exc:
-            t = _now()
-            # Worker join at the epoch's end (or a failing loader): wait, but not a step.
-            self._state.totals.epoch_end_wait_ns += t - t_call
             if token is not None:
                 gpu.release(token)
-            if isinstance(exc, StopIteration):
-                self._end(t)
+            self._failed(exc, t_call)
             raise
         t_ret = _now()
         self._t_call = t_call
@@ -113,7 +100,16 @@ class WatchedIterator:
             self._first_batch(batch)
         elif self._probe_bs:
             self._bs = leading_dim(batch)
+        if gpu is None and not self._probe_bs:
+            self.__class__ = FastWatchedIterator
         return batch
+
+    def _failed(self, exc: BaseException, t_call: int) -> None:
+        t = _now()
+        # Worker join at the epoch's end (or a failing loader): wait, but not a step.
+        self._state.totals.epoch_end_wait_ns += t - t_call
+        if isinstance(exc, StopIteration):
+            self._end(t)
 
     def _first_batch(self, batch) -> None:
         self._first = False
@@ -169,6 +165,7 @@ class WatchedIterator:
         self._ended = True
         if self._open:
             self._close_step(t_end)
+        self.__class__ = WatchedIterator
         if self._step == 0 and self._startup:
             self._state.totals.epoch_end_wait_ns += self._startup
         parent = self._parent() if self._parent is not None else None
@@ -192,6 +189,40 @@ class WatchedIterator:
                 self._end(_now())
         except Exception:  # interpreter shutdown: nothing may raise from here
             pass
+
+
+class FastWatchedIterator(WatchedIterator):
+    """The steady state of an epoch: what almost every batch runs. An iterator switches to
+    this class after its first batch when it has no CUDA events and no batch-size probing,
+    so the hot path carries no checks for them."""
+
+    __slots__ = ()
+
+    def __next__(self):
+        t_call = _now()
+        if self._open:
+            if self._marked:
+                self._close_step(t_call)
+            else:
+                buffer = self._buffer
+                if len(buffer) < self._capacity:
+                    buffer.append((self._key, self._step, self._t_call, self._wait,
+                                   t_call - self._t_ret, self._bs))
+                else:
+                    self._drop(self._wait, t_call - self._t_ret, 0, None)
+                self._step += 1
+        try:
+            batch = next(self._it)
+        except BaseException as exc:
+            self._open = False
+            self._failed(exc, t_call)
+            raise
+        t_ret = _now()
+        self._t_call = t_call
+        self._t_ret = t_ret
+        self._wait = t_ret - t_call
+        self._open = True
+        return batch
 
 
 def start_epoch(state, make_inner):

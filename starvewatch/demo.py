@@ -1,0 +1,77 @@
+"""`starvewatch demo`: a synthetic CPU training that is visibly starved, then fixed.
+
+The dataset's items take a few milliseconds to "load" (a sleep, like a read from slow storage
+or a network filesystem); the model step takes a few milliseconds of real CPU work. With
+num_workers=0 the two are serialized on the training thread; the diagnosis says what to change,
+and the second run applies it.
+"""
+from __future__ import annotations
+
+import time
+
+
+def _dataset(n_items: int, load_ms: float):
+    import torch
+    from torch.utils.data import Dataset
+
+    class SyntheticImages(Dataset):
+        def __len__(self):
+            return n_items
+
+        def __getitem__(self, i):
+            time.sleep(load_ms / 1000)
+            g = torch.Generator().manual_seed(i)
+            return torch.rand(3, 16, 16, generator=g), i % 10
+
+    return SyntheticImages()
+
+
+def _train(loader, epochs: int, compute_ms: float) -> None:
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(768, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(epochs):
+        for x, y in loader:
+            t_end = time.perf_counter() + compute_ms / 1000
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            while time.perf_counter() < t_end:  # pad to a GPU-like step time
+                pass
+
+
+def run_demo(quick: bool = False, name: str = "demo", out=None) -> tuple[dict, dict | None]:
+    """Run the starved configuration, then the recommended one; return both summaries."""
+    import sys
+
+    import starvewatch
+    from torch.utils.data import DataLoader
+
+    out = out or sys.stdout
+    items, epochs, batch = (192, 2, 16) if quick else (1024, 3, 16)
+    load_ms, compute_ms = 1.5, 8.0
+    dataset = _dataset(items, load_ms)
+
+    print(f"[1/2] starved configuration: DataLoader(batch_size={batch}, num_workers=0)", file=out)
+    starvewatch.init(name)
+    loader = starvewatch.watch(DataLoader(dataset, batch_size=batch, num_workers=0), name="train")
+    _train(loader, epochs, compute_ms)
+    before = starvewatch.finish()
+
+    kwargs = {"batch_size": batch, "num_workers": 0}
+    for rec in before.get("recommendations", []):
+        if rec.get("loader") == "train" and rec.get("parameter") in (
+                "num_workers", "pin_memory", "persistent_workers", "prefetch_factor"):
+            kwargs[rec["parameter"]] = rec["suggested"]
+    if kwargs == {"batch_size": batch, "num_workers": 0}:
+        return before, None
+    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    print(f"[2/2] recommended configuration: DataLoader({shown})", file=out)
+    starvewatch.init(name)
+    loader = starvewatch.watch(DataLoader(dataset, **kwargs), name="train")
+    _train(loader, epochs, compute_ms)
+    after = starvewatch.finish()
+    return before, after
