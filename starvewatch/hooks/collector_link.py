@@ -1,6 +1,88 @@
-"""Finding (or starting) the collector, on the shipper thread only."""
+"""Finding (or starting) the collector. Runs on the shipper thread, never on `watch()`."""
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+from .transport import HttpTransport, TransportError
+
+START_TIMEOUT_S = 20.0
+IDLE_EXIT_S = 3600
+
+
+def probe(transport: HttpTransport) -> str:
+    """'starvewatch' when our collector answers, 'other' for another server, 'none' if nothing."""
+    try:
+        status, body = transport.request("GET", "/healthz")
+    except TransportError:
+        return "none"
+    if status == 401 and b"starvewatch" in body:
+        return "starvewatch"  # ours, and the token is wrong: delivery will say so
+    try:
+        return "starvewatch" if status == 200 and json.loads(body).get("service") == "starvewatch" else "other"
+    except ValueError:
+        return "other"
+
+
+def _loopback_host(url: str) -> str | None:
+    host = urllib.parse.urlsplit(url).hostname or ""
+    return host if host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.") else None
+
+
+def start_collector(directory: Path, host: str, port: int) -> subprocess.Popen:
+    """A detached `starvewatch serve` that outlives this training process."""
+    directory.mkdir(parents=True, exist_ok=True)
+    log = open(directory / "collector.log", "ab")
+    env = dict(os.environ, STARVEWATCH_DIR=str(directory))
+    cmd = [sys.executable, "-m", "starvewatch", "serve", "--host", host, "--port", str(port),
+           "--dir", str(directory), "--idle-exit", str(IDLE_EXIT_S), "--autostarted"]
+    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                            start_new_session=True, close_fds=True)
+
+
+def _wait_until_up(transport: HttpTransport, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if probe(transport) == "starvewatch":
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def connect(session) -> None:
-    return None
+    settings = session.settings
+    transport: HttpTransport = session.transport
+    found = probe(transport)
+    if found == "none" and settings.autostart and session.local_rank == 0:
+        host = _loopback_host(settings.url)
+        if host is not None:
+            found = _autostart(settings.dir, host, urllib.parse.urlsplit(settings.url).port or 80, transport)
+    elif found == "none" and session.local_rank != 0:
+        found = "starvewatch" if _wait_until_up(transport, START_TIMEOUT_S) else "none"
+    if found == "starvewatch":
+        session.dashboard_url = f"{settings.url}/runs/{session.run_id}"
+        session.shipper.delivery.reset_backoff()
+        if not settings.quiet and session.rank == 0:
+            print(f"starvewatch: live dashboard at {session.dashboard_url}", file=sys.stderr, flush=True)
+    elif found == "other" and not settings.quiet:
+        print(f"starvewatch: {settings.url} is not a starvewatch collector; keeping data in "
+              f"{settings.dir / 'spool'}", file=sys.stderr, flush=True)
+
+
+def _autostart(directory: Path, host: str, port: int, transport: HttpTransport) -> str:
+    import fcntl
+
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / "collector.lock", "w") as lock:
+        # One starter per machine: the others wait here, then find it running.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = probe(transport)
+        if found != "none":
+            return found
+        start_collector(directory, host, port)
+        return "starvewatch" if _wait_until_up(transport, START_TIMEOUT_S) else "none"

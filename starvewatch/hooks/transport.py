@@ -202,6 +202,11 @@ class Delivery:
     def _succeeded(self) -> None:
         self._backoff_s = self.min_backoff_s
 
+    def reset_backoff(self) -> None:
+        """The collector was just found: retry at once."""
+        self._backoff_s = self.min_backoff_s
+        self._retry_at = 0.0
+
     def deliver(self, payload: dict) -> None:
         body = dumps(payload)
         records = len(payload.get("steps", {}).get("step", ()))

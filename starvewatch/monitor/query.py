@@ -1,0 +1,224 @@
+"""The read side shared by the API, the CLI and the dashboard: runs, summaries, series."""
+from __future__ import annotations
+
+import math
+import time
+
+import orjson
+
+from .analysis import iso, summarize
+from .store import Store
+
+STATUSES = ("live", "stalled", "finished", "lost")
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Query:
+    def __init__(self, store: Store, lost_after_s: float = 60.0) -> None:
+        self.store = store
+        self.lost_after_s = lost_after_s
+
+    # ---- runs ------------------------------------------------------------------------------
+    def _row(self, run_id: str):
+        row = self.store.run_row(run_id)
+        if row is None:
+            raise NotFound(f"unknown run id {run_id!r}")
+        return row
+
+    def active_stalls(self, run_id: str) -> list[dict]:
+        rows = self.store.reader().execute(
+            "SELECT data FROM events WHERE run_id = ? AND kind = 'stalls' ORDER BY t_ns", (run_id,)).fetchall()
+        stalls: dict[tuple, dict] = {}
+        for (data,) in rows:
+            event = orjson.loads(data)
+            key = (event.get("rank", 0), event.get("loader"), event.get("started_ns"))
+            stalls[key] = event
+        return [e for e in stalls.values() if not e.get("ended_ns")]
+
+    def status(self, run_id: str, streams=None, now: float | None = None) -> str:
+        streams = streams if streams is not None else self.store.stream_rows(run_id)
+        now = time.time() if now is None else now
+        if streams and all(s["finished"] for s in streams):
+            return "finished"
+        alive = [s for s in streams if not s["finished"] and now - s["last_seen"] <= self.lost_after_s]
+        if not alive:
+            return "lost" if streams else "finished"
+        return "stalled" if self.active_stalls(run_id) else "live"
+
+    def run_meta(self, run_id: str) -> dict:
+        row = self._row(run_id)
+        meta = orjson.loads(row["meta"])
+        streams = self.store.stream_rows(run_id)
+        meta.update(id=row["id"], name=row["name"], started_at=row["started_at"] or row["first_seen"],
+                    ended_at=row["ended_at"], status=self.status(run_id, streams),
+                    world_size=meta.get("world_size", 1), rank=meta.get("rank", 0))
+        return meta
+
+    def summary(self, run_id: str, rank: int | None = None) -> dict:
+        meta = self.run_meta(run_id)
+        loaders = self.store.loader_data(run_id, rank)
+        stalls = [orjson.loads(r[0]) for r in self.store.reader().execute(
+            "SELECT data FROM events WHERE run_id = ? AND kind = 'stalls' ORDER BY t_ns", (run_id,))]
+        return summarize(meta, loaders, stalls=_merge_stalls(stalls), system=self.system_overview(run_id),
+                         previous=self.previous_summary(meta))
+
+    def previous_summary(self, meta: dict) -> dict | None:
+        """The latest earlier run with the same name (for verify-after-change)."""
+        row = self.store.reader().execute(
+            "SELECT id FROM runs WHERE name = ? AND id != ? AND first_seen < "
+            "(SELECT first_seen FROM runs WHERE id = ?) ORDER BY first_seen DESC LIMIT 1",
+            (meta["name"], meta["id"], meta["id"])).fetchone()
+        if row is None:
+            return None
+        prev_meta = self.run_meta(row[0])
+        return summarize(prev_meta, self.store.loader_data(row[0]), system=self.system_overview(row[0]))
+
+    def system_overview(self, run_id: str) -> dict | None:
+        """Averages of the host, GPU and worker samples over the run (None when there are none)."""
+        from .system import overview
+        rows = self.store.reader().execute(
+            "SELECT kind, data FROM events WHERE run_id = ? AND kind IN ('samples', 'workers')",
+            (run_id,)).fetchall()
+        if not rows:
+            return None
+        return overview([(kind, orjson.loads(data)) for kind, data in rows])
+
+    def list_runs(self, status: str | None = None, search: str | None = None) -> list[dict]:
+        out = []
+        for row in self.store.run_rows():
+            if search and search.lower() not in (row["name"] + " " + row["id"]).lower():
+                continue
+            run_status = self.status(row["id"])
+            if status and run_status != status:
+                continue
+            loaders = self.store.loader_data(row["id"])
+            summary = summarize({**orjson.loads(row["meta"]), "id": row["id"]}, loaders)
+            started = row["started_at"] or row["first_seen"]
+            ended = row["ended_at"] if run_status == "finished" else None
+            out.append({
+                "id": row["id"], "name": row["name"], "status": run_status,
+                "started_at": iso(started), "ended_at": iso(ended),
+                "duration_s": (ended or row["last_seen"]) - started,
+                "verdict": summary["verdict"]["input_bound"],
+                "input_wait_fraction": summary["verdict"]["input_wait_fraction"],
+                "batches_per_s": sum(l["batches_per_s"] or 0 for l in summary["loaders"]) or None,
+                "steps": sum(l["steps"] for l in summary["loaders"]),
+                "ranks": len({s["rank"] for s in self.store.stream_rows(row["id"])}),
+            })
+        return out
+
+    def detail(self, run_id: str) -> dict:
+        meta = self.run_meta(run_id)
+        streams = self.store.stream_rows(run_id)
+        loaders = {}
+        for row in self.store.loader_rows(run_id):
+            entry = loaders.setdefault(row["name"], {"name": row["name"], "kind": row["kind"],
+                                                      "config": orjson.loads(row["config"]) if row["config"] else None,
+                                                      "ranks": []})
+            if row["rank"] not in entry["ranks"]:
+                entry["ranks"].append(row["rank"])
+        return {
+            "run": {**meta, "started_at": iso(meta["started_at"]), "ended_at": iso(meta.get("ended_at"))},
+            "loaders": list(loaders.values()),
+            "ranks": [{"rank": s["rank"], "stream": s["stream"], "last_seq": s["last_seq"],
+                       "last_seen": iso(s["last_seen"]), "finished": bool(s["finished"]),
+                       "drops": orjson.loads(s["drops"])} for s in streams],
+        }
+
+    # ---- raw records and series --------------------------------------------------------------
+    def steps_page(self, run_id: str, after: int = 0, limit: int = 10_000, loader: str | None = None) -> dict:
+        self._row(run_id)
+        sql = ("SELECT rowid, rank, loader, epoch, step, start_ns, wait_ns, compute_ns, other_ns, "
+               "batch_size, gpu_idle_ns FROM steps WHERE run_id = ? AND rowid > ?")
+        args: list = [run_id, after]
+        if loader:
+            sql += " AND loader = ?"
+            args.append(loader)
+        sql += " ORDER BY rowid LIMIT ?"
+        args.append(limit)
+        rows = self.store.reader().execute(sql, args).fetchall()
+        columns = ("rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
+                   "batch_size", "gpu_idle_ns")
+        return {"steps": [dict(zip(columns, tuple(r)[1:])) for r in rows],
+                "next_after": rows[-1][0] if len(rows) == limit else None}
+
+    def rollup_series(self, run_id: str, loader: str | None = None, rank: int | None = None,
+                      points: int = 500) -> dict:
+        """Per-time-bucket wait fraction and throughput from the per-second rollups."""
+        self._row(run_id)
+        where, args = "run_id = ?", [run_id]
+        if loader:
+            where += " AND loader = ?"
+            args.append(loader)
+        if rank is not None:
+            where += " AND rank = ?"
+            args.append(rank)
+        db = self.store.reader()
+        lo, hi = db.execute(f"SELECT min(second), max(second) FROM rollups WHERE {where}", args).fetchone()
+        if lo is None:
+            return {"bucket_s": None, "points": []}
+        width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
+        rows = db.execute(
+            f"SELECT (second - ?) / ? AS b, min(second), sum(steps), sum(wait_ns), sum(compute_ns), "
+            f"sum(other_ns), sum(samples), sum(gpu_idle_ns), sum(gpu_steps), max(wait_max_ns), "
+            f"count(DISTINCT rank) FROM rollups WHERE {where} GROUP BY b ORDER BY b",
+            [lo, width, *args]).fetchall()
+        out = []
+        for _, second, steps, wait, compute, other, samples, gpu_idle, gpu_steps, wait_max, ranks in rows:
+            span = width * max(1, ranks)
+            out.append({"t": iso(second), "t_s": second, "steps": steps,
+                        "input_wait_fraction": wait / (wait + compute) if wait + compute else None,
+                        "batches_per_s": steps / width, "samples_per_s": samples / width if samples else None,
+                        "wait_ms_mean": wait / steps / 1e6 if steps else None,
+                        "compute_ms_mean": compute / steps / 1e6 if steps else None,
+                        "wait_ms_max": wait_max / 1e6, "gpu_idle_fraction":
+                        gpu_idle / (wait + compute) if gpu_steps and wait + compute else None,
+                        "busy_fraction": (wait + compute + other) / (span * 1e9)})
+        return {"bucket_s": width, "points": out}
+
+    def step_series(self, run_id: str, loader: str, rank: int = 0, points: int = 1000) -> dict:
+        """Wait and compute per step, downsampled to at most `points` min/mean/max buckets."""
+        self._row(run_id)
+        db = self.store.reader()
+        lo, hi, n = db.execute("SELECT min(rowid), max(rowid), count(*) FROM steps "
+                               "WHERE run_id = ? AND loader = ? AND rank = ?", (run_id, loader, rank)).fetchone()
+        if not n:
+            return {"bucket_steps": None, "points": [], "epochs": []}
+        width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
+        rows = db.execute(
+            "SELECT (rowid - ?) / ? AS b, min(start_ns), count(*), min(epoch), max(epoch), "
+            "min(wait_ns), avg(wait_ns), max(wait_ns), min(compute_ns), avg(compute_ns), max(compute_ns) "
+            "FROM steps WHERE run_id = ? AND loader = ? AND rank = ? GROUP BY b ORDER BY b",
+            (lo, width, run_id, loader, rank)).fetchall()
+        out, epochs, index = [], [], 0
+        last_epoch = None
+        for _, start, count, e_min, e_max, wmin, wavg, wmax, cmin, cavg, cmax in rows:
+            if e_max != last_epoch:
+                if last_epoch is None or e_min != last_epoch:
+                    epochs.append({"epoch": e_min, "index": index})
+                if e_max != e_min:
+                    epochs.append({"epoch": e_max, "index": index + count // 2})
+                last_epoch = e_max
+            out.append({"index": index, "start_ns": start, "count": count,
+                        "wait_ms": [wmin / 1e6, wavg / 1e6, wmax / 1e6],
+                        "compute_ms": [cmin / 1e6, cavg / 1e6, cmax / 1e6]})
+            index += count
+        return {"bucket_steps": width, "points": out, "epochs": epochs}
+
+    def events(self, run_id: str, kind: str, since_ns: int = 0, limit: int = 5000) -> list[dict]:
+        self._row(run_id)
+        rows = self.store.reader().execute(
+            "SELECT rank, data FROM events WHERE run_id = ? AND kind = ? AND t_ns > ? ORDER BY t_ns LIMIT ?",
+            (run_id, kind, since_ns, limit)).fetchall()
+        return [{"rank": r[0], **orjson.loads(r[1])} for r in rows]
+
+
+def _merge_stalls(events: list[dict]) -> list[dict]:
+    """One entry per stall: the latest event about it (begun, then ended) wins."""
+    merged: dict[tuple, dict] = {}
+    for e in events:
+        merged[(e.get("rank", 0), e.get("loader"), e.get("started_ns"))] = e
+    return list(merged.values())

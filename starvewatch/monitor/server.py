@@ -1,0 +1,69 @@
+"""Running the collector: uvicorn in the foreground, its pid file, and stopping it."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from .settings import CollectorSettings
+
+PID_FILE = "collector.json"
+
+
+def pid_file(directory: Path) -> Path:
+    return Path(directory) / PID_FILE
+
+
+def serve(settings: CollectorSettings, *, autostarted: bool = False) -> None:
+    import uvicorn
+
+    from .app import create_app
+
+    app = create_app(settings)
+    path = pid_file(settings.dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": os.getpid(), "url": settings.url, "host": settings.host,
+                                "port": settings.port, "autostarted": autostarted,
+                                "started_at": time.time()}))
+    try:
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                access_log=False, timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run()
+    finally:
+        try:
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+
+
+def stop(directory: Path, timeout_s: float = 10.0) -> tuple[bool, str]:
+    """Stop the collector recorded in `directory`'s pid file (one started for you)."""
+    path = pid_file(directory)
+    try:
+        info = json.loads(path.read_text())
+        pid = int(info["pid"])
+    except (OSError, ValueError, KeyError):
+        return False, f"no collector was started from {directory} (no {PID_FILE})"
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        cmdline = b"starvewatch"  # no /proc here: trust the pid file
+    if b"starvewatch" not in cmdline:
+        path.unlink(missing_ok=True)
+        return False, f"the collector (pid {pid}) had already exited"
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        path.unlink(missing_ok=True)
+        return False, f"the collector (pid {pid}) had already exited"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True, f"stopped the collector at {info.get('url')} (pid {pid})"
+        time.sleep(0.1)
+    return False, f"the collector (pid {pid}) did not exit within {timeout_s:.0f} s"

@@ -1,0 +1,50 @@
+"""Collector settings: one dataclass, from the CLI or the environment."""
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..hooks.settings import DEFAULT_PORT, default_dir
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class CollectorSettings:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    dir: Path = field(default_factory=default_dir)
+    db: Path | None = None
+    token: str | None = field(default_factory=lambda: os.environ.get("STARVEWATCH_TOKEN") or None)
+    lost_after_s: float = 60.0          # a process silent this long without finishing is lost
+    idle_exit_s: float = 0.0            # exit after this long with no live run (0: never)
+    spool_scan_s: float = 5.0           # how often the spool directory is swept
+    max_body_bytes: int = 4 * 1024 * 1024          # compressed, as sent
+    max_decompressed_bytes: int = 32 * 1024 * 1024
+    metrics_max_runs: int = 50
+    metrics_finished_keep_s: float = 300.0
+    dashboard: bool = True
+
+    @property
+    def db_path(self) -> Path:
+        return Path(self.db) if self.db else Path(self.dir) / "starvewatch.db"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def check(self) -> None:
+        """Refuse settings that would expose training data to the network."""
+        if not is_loopback(self.host) and not self.token:
+            raise ValueError(f"binding {self.host} (not loopback) requires a token: "
+                             f"pass --token or set STARVEWATCH_TOKEN")

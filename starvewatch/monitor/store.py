@@ -1,0 +1,275 @@
+"""SQLite store (WAL): runs, process streams, step records, per-second rollups, statistics.
+
+Writes go through one connection under a lock; reads use a connection per thread, which WAL
+lets run beside the writer. Per-second rollups and per-loader histograms are kept as data
+arrives, so summaries and long-range views never scan every step row.
+"""
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import orjson
+
+from ..stats import LoaderTotals, RecordStats
+
+SCHEMA_VERSION = 1
+
+DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, meta TEXT NOT NULL DEFAULT '{}',
+    started_at REAL, ended_at REAL, first_seen REAL NOT NULL, last_seen REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS streams (
+    stream TEXT PRIMARY KEY, run_id TEXT NOT NULL, rank INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL DEFAULT 0, last_seen REAL NOT NULL, finished INTEGER NOT NULL DEFAULT 0,
+    drops TEXT NOT NULL DEFAULT '{}');
+CREATE INDEX IF NOT EXISTS streams_run ON streams(run_id);
+CREATE TABLE IF NOT EXISTS seen (stream TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (stream, seq))
+    WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS loaders (
+    run_id TEXT NOT NULL, stream TEXT NOT NULL, rank INTEGER NOT NULL, name TEXT NOT NULL,
+    kind TEXT, config TEXT, totals TEXT NOT NULL, totals_seq INTEGER NOT NULL,
+    stats TEXT, PRIMARY KEY (run_id, stream, name));
+CREATE TABLE IF NOT EXISTS steps (
+    run_id TEXT NOT NULL, rank INTEGER NOT NULL, loader TEXT NOT NULL, epoch INTEGER NOT NULL,
+    step INTEGER NOT NULL, start_ns INTEGER NOT NULL, wait_ns INTEGER NOT NULL,
+    compute_ns INTEGER NOT NULL, other_ns INTEGER NOT NULL, batch_size INTEGER, gpu_idle_ns INTEGER);
+CREATE INDEX IF NOT EXISTS steps_run ON steps(run_id, loader);
+CREATE TABLE IF NOT EXISTS rollups (
+    run_id TEXT NOT NULL, rank INTEGER NOT NULL, loader TEXT NOT NULL, second INTEGER NOT NULL,
+    steps INTEGER NOT NULL, wait_ns INTEGER NOT NULL, compute_ns INTEGER NOT NULL,
+    other_ns INTEGER NOT NULL, samples INTEGER NOT NULL, gpu_idle_ns INTEGER NOT NULL,
+    gpu_steps INTEGER NOT NULL, wait_max_ns INTEGER NOT NULL,
+    PRIMARY KEY (run_id, loader, rank, second)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS phases (
+    run_id TEXT NOT NULL, rank INTEGER NOT NULL, loader TEXT NOT NULL, epoch INTEGER NOT NULL,
+    step INTEGER NOT NULL, name TEXT NOT NULL, ns INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS phases_run ON phases(run_id);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL, rank INTEGER NOT NULL, kind TEXT NOT NULL, t_ns INTEGER NOT NULL,
+    data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_run ON events(run_id, kind, t_ns);
+"""
+
+
+class Store:
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._write_lock = threading.Lock()
+        self._writer = self._connect()
+        self._writer.executescript(DDL)
+        self._writer.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        self._writer.commit()
+        self._local = threading.local()
+        self._stats_cache: dict[tuple[str, str, str], RecordStats] = {}
+        self.ingested_records = 0
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn
+
+    def reader(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+            conn.row_factory = sqlite3.Row
+        return conn
+
+    def close(self) -> None:
+        with self._write_lock:
+            self._writer.close()
+
+    # ---- ingest ------------------------------------------------------------------------------
+    def ingest(self, batch) -> bool:
+        """Store one validated EventBatch; False when it was already stored (a replay)."""
+        now = time.time()
+        steps = batch.steps
+        with self._write_lock:
+            w = self._writer
+            w.execute("BEGIN IMMEDIATE")
+            try:
+                if w.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)", (batch.stream, batch.seq)).rowcount == 0:
+                    w.execute("ROLLBACK")
+                    return False
+                self._upsert_run(w, batch, now)
+                w.execute(
+                    "INSERT INTO streams (stream, run_id, rank, last_seq, last_seen, finished, drops) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(stream) DO UPDATE SET "
+                    "last_seq = max(last_seq, excluded.last_seq), last_seen = excluded.last_seen, "
+                    "finished = max(finished, excluded.finished), drops = CASE WHEN excluded.last_seq >= "
+                    "last_seq THEN excluded.drops ELSE drops END",
+                    (batch.stream, batch.run_id, batch.rank, batch.seq, now,
+                     1 if batch.status == "finished" else 0, orjson.dumps(batch.drops).decode()))
+                if len(steps):
+                    self._insert_steps(w, batch)
+                for loader in batch.loaders:
+                    self._upsert_loader(w, batch, loader)
+                if batch.phases:
+                    w.executemany("INSERT INTO phases VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                  [(batch.run_id, batch.rank, *p) for p in batch.phases])
+                events = [(kind, e) for kind in ("samples", "workers", "stalls")
+                          for e in getattr(batch, kind)]
+                if events:
+                    w.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+                                  [(batch.run_id, batch.rank, kind, int(e.get("t_ns") or time.time_ns()),
+                                    orjson.dumps(e).decode()) for kind, e in events])
+                w.execute("COMMIT")
+            except BaseException:
+                w.execute("ROLLBACK")
+                self._stats_cache.clear()  # may hold this batch's records: reload from disk
+                raise
+        self.ingested_records += len(steps)
+        return True
+
+    def _upsert_run(self, w, batch, now: float) -> None:
+        meta = batch.run.model_dump() if batch.run is not None else None
+        row = w.execute("SELECT meta FROM runs WHERE id = ?", (batch.run_id,)).fetchone()
+        if row is None:
+            base = meta or {"id": batch.run_id, "name": batch.run_id}
+            w.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+                      (batch.run_id, base.get("name") or batch.run_id, orjson.dumps(base).decode(),
+                       base.get("started_at"), base.get("ended_at"), now, now))
+            return
+        if meta is not None and (meta.get("rank", 0) == 0 or orjson.loads(row[0]).get("rank") != 0):
+            # Rank 0 speaks for the run; other ranks' metadata is kept on their streams.
+            w.execute("UPDATE runs SET name = ?, meta = ?, started_at = coalesce(min(started_at, ?), ?), "
+                      "ended_at = ?, last_seen = ? WHERE id = ?",
+                      (meta["name"], orjson.dumps(meta).decode(), meta.get("started_at"),
+                       meta.get("started_at"), meta.get("ended_at"), now, batch.run_id))
+        else:
+            w.execute("UPDATE runs SET last_seen = ? WHERE id = ?", (now, batch.run_id))
+
+    def _insert_steps(self, w, batch) -> None:
+        s = batch.steps
+        n = len(s)
+        rid, rank = batch.run_id, batch.rank
+        rows = zip([rid] * n, [rank] * n, s.loader, s.epoch, s.step, s.start_ns, s.wait_ns,
+                   s.compute_ns, s.other_ns, s.batch_size, s.gpu_idle_ns)
+        w.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+        # Per-second rollups and per-loader statistics, kept as the data arrives.
+        by_loader: dict[str, list[int]] = defaultdict(list)
+        for i, name in enumerate(s.loader):
+            by_loader[name].append(i)
+        for name, idx in by_loader.items():
+            pick = (lambda col: col) if len(idx) == n else (lambda col: [col[i] for i in idx])
+            waits, computes, gpus = pick(s.wait_ns), pick(s.compute_ns), pick(s.gpu_idle_ns)
+            stats = self._stats(w, rid, batch.stream, name)
+            stats.add_columns(pick(s.step), waits, computes, gpus)
+            seconds: dict[int, list[int]] = {}
+            for start, wait, compute, other, size, gpu in zip(
+                    pick(s.start_ns), waits, computes, pick(s.other_ns), pick(s.batch_size), gpus):
+                acc = seconds.get(start // 1_000_000_000)
+                if acc is None:
+                    acc = seconds[start // 1_000_000_000] = [0, 0, 0, 0, 0, 0, 0, 0]
+                acc[0] += 1
+                acc[1] += wait
+                acc[2] += compute
+                acc[3] += other
+                acc[4] += size or 0
+                if gpu is not None:
+                    acc[5] += gpu
+                    acc[6] += 1
+                if wait > acc[7]:
+                    acc[7] = wait
+            w.executemany(
+                "INSERT INTO rollups VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(run_id, loader, rank, second) DO UPDATE SET steps = steps + excluded.steps, "
+                "wait_ns = wait_ns + excluded.wait_ns, compute_ns = compute_ns + excluded.compute_ns, "
+                "other_ns = other_ns + excluded.other_ns, samples = samples + excluded.samples, "
+                "gpu_idle_ns = gpu_idle_ns + excluded.gpu_idle_ns, gpu_steps = gpu_steps + excluded.gpu_steps, "
+                "wait_max_ns = max(wait_max_ns, excluded.wait_max_ns)",
+                [(rid, batch.rank, name, sec, *acc) for sec, acc in seconds.items()])
+            self._save_stats(w, rid, batch.stream, batch.rank, name, stats)
+
+    def _stats(self, w, run_id: str, stream: str, loader: str) -> RecordStats:
+        key = (run_id, stream, loader)
+        stats = self._stats_cache.get(key)
+        if stats is None:
+            row = w.execute("SELECT stats FROM loaders WHERE run_id = ? AND stream = ? AND name = ?",
+                            key).fetchone()
+            stats = RecordStats.from_dict(orjson.loads(row[0])) if row and row[0] else RecordStats()
+            if len(self._stats_cache) > 1000:
+                self._stats_cache.clear()
+            self._stats_cache[key] = stats
+        return stats
+
+    def _save_stats(self, w, run_id, stream, rank, loader, stats: RecordStats) -> None:
+        w.execute("INSERT INTO loaders (run_id, stream, rank, name, totals, totals_seq, stats) "
+                  "VALUES (?, ?, ?, ?, '{}', 0, ?) ON CONFLICT(run_id, stream, name) DO UPDATE SET "
+                  "stats = excluded.stats", (run_id, stream, rank, loader, orjson.dumps(stats.to_dict()).decode()))
+
+    def _upsert_loader(self, w, batch, loader) -> None:
+        # Totals are cumulative snapshots: the one with the highest sequence number wins.
+        w.execute(
+            "INSERT INTO loaders (run_id, stream, rank, name, kind, config, totals, totals_seq) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(run_id, stream, name) DO UPDATE SET "
+            "kind = excluded.kind, config = excluded.config, "
+            "totals = CASE WHEN excluded.totals_seq > totals_seq THEN excluded.totals ELSE totals END, "
+            "totals_seq = max(totals_seq, excluded.totals_seq)",
+            (batch.run_id, batch.stream, batch.rank, loader.name, loader.kind,
+             orjson.dumps(loader.config).decode() if loader.config is not None else None,
+             loader.totals.model_dump_json(), batch.seq))
+
+    # ---- reads -------------------------------------------------------------------------------
+    def run_rows(self) -> list[sqlite3.Row]:
+        return self.reader().execute("SELECT * FROM runs ORDER BY first_seen DESC").fetchall()
+
+    def run_row(self, run_id: str):
+        return self.reader().execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+
+    def stream_rows(self, run_id: str) -> list[sqlite3.Row]:
+        return self.reader().execute("SELECT * FROM streams WHERE run_id = ? ORDER BY rank, stream",
+                                     (run_id,)).fetchall()
+
+    def loader_rows(self, run_id: str) -> list[sqlite3.Row]:
+        return self.reader().execute("SELECT * FROM loaders WHERE run_id = ? ORDER BY rowid",
+                                     (run_id,)).fetchall()
+
+    def loader_data(self, run_id: str, rank: int | None = None):
+        """Per-loader exact totals and statistics, merged over the run's streams (ranks)."""
+        from .analysis import LoaderData
+        merged: dict[str, LoaderData] = {}
+        for row in self.loader_rows(run_id):
+            if rank is not None and row["rank"] != rank:
+                continue
+            totals = LoaderTotals.from_dict(orjson.loads(row["totals"]))
+            stats = RecordStats.from_dict(orjson.loads(row["stats"])) if row["stats"] else RecordStats()
+            data = merged.get(row["name"])
+            if data is None:
+                merged[row["name"]] = LoaderData(
+                    name=row["name"], config=orjson.loads(row["config"]) if row["config"] else None,
+                    totals=totals, records=stats, ranks=[row["rank"]])
+            else:
+                epochs = max(data.totals.epochs, totals.epochs)  # ranks run the same epochs
+                data.totals.merge(totals)
+                data.totals.epochs = epochs
+                data.records.merge(stats)
+                if row["rank"] not in data.ranks:
+                    data.ranks.append(row["rank"])
+        return list(merged.values())
+
+    def delete_run(self, run_id: str) -> bool:
+        with self._write_lock:
+            w = self._writer
+            w.execute("BEGIN IMMEDIATE")
+            try:
+                streams = [r[0] for r in w.execute("SELECT stream FROM streams WHERE run_id = ?", (run_id,))]
+                found = w.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount > 0
+                for table in ("steps", "rollups", "phases", "events", "loaders", "streams"):
+                    w.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+                # `seen` stays: a late replay of a deleted run's batch must not resurrect it.
+                w.execute("COMMIT")
+            except BaseException:
+                w.execute("ROLLBACK")
+                raise
+            for key in [k for k in self._stats_cache if k[0] == run_id]:
+                del self._stats_cache[key]
+        return found
