@@ -51,3 +51,106 @@ def shipped_column(transport, column: str, loader: str | None = None) -> list:
 
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
+
+
+# ---- a real collector on a free loopback port ---------------------------------------------
+import json as _json
+import signal as _signal
+import socket as _socket
+import subprocess as _subprocess
+import sys as _sys
+import time as _time
+import urllib.request as _request
+
+
+def free_port() -> int:
+    with _socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout_s: float = 20.0, what: str = "condition"):
+    """Poll a condition with a deadline (waiting for an event, never a blind sleep)."""
+    deadline = _time.monotonic() + timeout_s
+    while _time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        _time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class Collector:
+    def __init__(self, directory, port=None, token=None, extra=()):
+        self.directory = directory
+        self.port = port or free_port()
+        self.token = token
+        self.extra = list(extra)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        self.log = None
+
+    def start(self):
+        cmd = [_sys.executable, "-m", "starvewatch", "serve", "--port", str(self.port),
+               "--dir", str(self.directory), *self.extra]
+        if self.token:
+            cmd += ["--token", self.token]
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.log is not None:
+            self.log.close()
+        self.log = open(self.directory / f"collector-{self.port}.log", "ab")
+        self.proc = _subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        wait_until(self.healthy, what=f"collector on {self.url}")
+        return self
+
+    def healthy(self):
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"collector exited with {self.proc.returncode}: "
+                                 f"{(self.directory / f'collector-{self.port}.log').read_text()[-2000:]}")
+        try:
+            return self.get("/healthz")["service"] == "starvewatch"
+        except OSError:
+            return False
+
+    def request(self, method, path, body=None, headers=None):
+        req = _request.Request(self.url + path, data=body, method=method, headers=dict(headers or {}))
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with _request.urlopen(req, timeout=30) as resp:
+                return resp.status, resp.read()
+        except _request.HTTPError as err:
+            with err:
+                return err.code, err.read()
+
+    def get(self, path):
+        status, body = self.request("GET", path)
+        assert status == 200, (status, body[:500])
+        return _json.loads(body)
+
+    def kill(self, sig=_signal.SIGKILL):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(20)
+
+    def stop(self):
+        self.kill(_signal.SIGTERM)
+        if self.log:
+            self.log.close()
+
+
+@pytest.fixture
+def collector(isolated_starvewatch):
+    """Start real collectors (uvicorn subprocesses); every one is stopped by PID at the end."""
+    started = []
+
+    def start(**kwargs):
+        c = Collector(isolated_starvewatch, **kwargs).start()
+        started.append(c)
+        return c
+
+    yield start
+    for c in started:
+        c.kill()
+        if c.log:
+            c.log.close()

@@ -34,15 +34,19 @@ def _loopback_host(url: str) -> str | None:
     return host if host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.") else None
 
 
-def start_collector(directory: Path, host: str, port: int) -> subprocess.Popen:
-    """A detached `starvewatch serve` that outlives this training process."""
+def start_collector(directory: Path, host: str, port: int) -> None:
+    """A detached `starvewatch serve` that outlives this training process. Started through a
+    shell that exits at once, so the collector is nobody's child (no zombie, no wait)."""
+    import shlex
+
     directory.mkdir(parents=True, exist_ok=True)
-    log = open(directory / "collector.log", "ab")
     env = dict(os.environ, STARVEWATCH_DIR=str(directory))
     cmd = [sys.executable, "-m", "starvewatch", "serve", "--host", host, "--port", str(port),
            "--dir", str(directory), "--idle-exit", str(IDLE_EXIT_S), "--autostarted"]
-    return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                            start_new_session=True, close_fds=True)
+    log = shlex.quote(str(directory / "collector.log"))
+    script = f"{' '.join(map(shlex.quote, cmd))} </dev/null >>{log} 2>&1 &"
+    subprocess.run(["/bin/sh", "-c", script], env=env, start_new_session=True, check=True,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _wait_until_up(transport: HttpTransport, timeout_s: float) -> bool:

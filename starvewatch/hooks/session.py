@@ -243,7 +243,8 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         session.ended_at = time.time()
         for sampler in session.samplers:
             sampler.stop()
-        session.shipper.stop(session.settings.flush_timeout_s + 0.5)
+        if session.shipper.stop(session.settings.flush_timeout_s + 0.5) and session.transport is not None:
+            session.transport.close()
         summary = session.summary()
         _LAST_SUMMARY = summary
     if not (session.settings.quiet if quiet is None else quiet):

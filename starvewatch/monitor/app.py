@@ -92,9 +92,15 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         worker = threading.Thread(target=_background, args=(state, settings), daemon=True,
                                   name="starvewatch-collector-background")
         worker.start()
+        if settings.pid_file_autostarted is not None:
+            from .server import write_pid_file
+            write_pid_file(settings, settings.pid_file_autostarted)
         try:
             yield
         finally:
+            if settings.pid_file_autostarted is not None:
+                from .server import remove_pid_file
+                remove_pid_file(settings)
             state["stop"].set()
             worker.join(5)
             store.close()

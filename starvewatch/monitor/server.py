@@ -16,27 +16,36 @@ def pid_file(directory: Path) -> Path:
     return Path(directory) / PID_FILE
 
 
-def serve(settings: CollectorSettings, *, autostarted: bool = False) -> None:
-    import uvicorn
-
-    from .app import create_app
-
-    app = create_app(settings)
+def write_pid_file(settings: CollectorSettings, autostarted: bool) -> Path:
     path = pid_file(settings.dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"pid": os.getpid(), "url": settings.url, "host": settings.host,
                                 "port": settings.port, "autostarted": autostarted,
                                 "started_at": time.time()}))
+    return path
+
+
+def remove_pid_file(settings: CollectorSettings) -> None:
+    path = pid_file(settings.dir)
     try:
-        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                access_log=False, timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run()
-    finally:
-        try:
-            if json.loads(path.read_text()).get("pid") == os.getpid():
-                path.unlink()
-        except (OSError, ValueError):
-            pass
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def serve(settings: CollectorSettings, *, autostarted: bool = False) -> None:
+    """Run in the foreground. The pid file is written and removed by the app's lifespan, so it
+    goes away even though uvicorn re-raises SIGTERM after its graceful shutdown."""
+    import uvicorn
+
+    from .app import create_app
+
+    settings.pid_file_autostarted = autostarted
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run()
 
 
 def stop(directory: Path, timeout_s: float = 10.0) -> tuple[bool, str]:

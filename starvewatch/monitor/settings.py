@@ -33,6 +33,7 @@ class CollectorSettings:
     metrics_max_runs: int = 50
     metrics_finished_keep_s: float = 300.0
     dashboard: bool = True
+    pid_file_autostarted: bool | None = None  # set by `serve`: write the pid file for `stop`
 
     @property
     def db_path(self) -> Path:
