@@ -12,7 +12,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, HTTPException, Query as Q, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, ORJSONResponse, PlainTextResponse, RedirectResponse
+import orjson
+from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
 from .. import __version__
@@ -28,8 +29,13 @@ SERVICE = "starvewatch"
 TOKEN_COOKIE = "starvewatch_token"
 
 
-class BodyTooLarge(Exception):
-    pass
+class FastJSONResponse(Response):
+    """orjson-rendered JSON (series of thousands of points are the common answer here)."""
+
+    media_type = "application/json"
+
+    def render(self, content) -> bytes:
+        return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
 
 
 def _describe_validation(exc: ValidationError) -> str:
@@ -107,7 +113,7 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="starvewatch collector", version=__version__, lifespan=lifespan,
                   docs_url="/api/docs", openapi_url="/api/openapi.json", redoc_url=None,
-                  default_response_class=ORJSONResponse)
+                  default_response_class=FastJSONResponse)
     app.state.settings = settings
     app.state.registry = make_registry(lambda: state.get("query"), settings)
 
