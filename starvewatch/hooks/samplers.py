@@ -1,7 +1,272 @@
-"""System samplers (host, DataLoader workers, NVML) on their own daemon thread."""
+"""System samplers on one daemon thread: host (psutil), DataLoader workers, GPU (NVML), and
+stall detection. A fixed rate without drift; never inside DataLoader worker processes."""
 from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+
+
+def _psutil():
+    try:
+        import psutil
+        return psutil
+    except ImportError:
+        return None
+
+
+class HostSampler:
+    """Process and machine state, as rates over the last interval."""
+
+    def __init__(self, psutil) -> None:
+        self.ps = psutil
+        self.proc = psutil.Process()
+        self.proc.cpu_percent(None)
+        psutil.cpu_percent(None, percpu=True)
+        psutil.cpu_times_percent(None)
+        self._last = (time.monotonic(), psutil.swap_memory(), self._disk())
+        self._children: dict[int, object] = {}
+
+    def _disk(self):
+        try:
+            return self.ps.disk_io_counters()
+        except (RuntimeError, OSError):
+            return None
+
+    def sample(self) -> dict:
+        ps = self.ps
+        now = time.monotonic()
+        swap, disk = ps.swap_memory(), self._disk()
+        then, swap0, disk0 = self._last
+        dt = max(1e-6, now - then)
+        self._last = (now, swap, disk)
+        per_core = ps.cpu_percent(None, percpu=True)
+        times = ps.cpu_times_percent(None)
+        mem = ps.virtual_memory()
+        try:
+            shm = shutil.disk_usage("/dev/shm")
+            shm_used, shm_total = shm.used, shm.total
+        except OSError:
+            shm_used = shm_total = None
+        return {
+            "kind": "host", "t_ns": time.time_ns(),
+            "process_cpu_pct": self.proc.cpu_percent(None),
+            "process_rss_bytes": self.proc.memory_info().rss,
+            "cpu_pct": sum(per_core) / len(per_core) if per_core else None,
+            "cpu_per_core_pct": per_core,
+            "iowait_pct": getattr(times, "iowait", None),
+            "mem_available_bytes": mem.available, "mem_total_bytes": mem.total,
+            "swap_in_bytes_per_s": (swap.sin - swap0.sin) / dt,
+            "swap_out_bytes_per_s": (swap.sout - swap0.sout) / dt,
+            "disk_read_bytes_per_s": (disk.read_bytes - disk0.read_bytes) / dt if disk and disk0 else None,
+            "disk_read_iops": (disk.read_count - disk0.read_count) / dt if disk and disk0 else None,
+            "shm_used_bytes": shm_used, "shm_total_bytes": shm_total,
+            "cpu_count": os.cpu_count(),
+        }
+
+    def process_state(self, pid: int) -> dict:
+        """One child process (a DataLoader worker): running, sleeping, zombie or gone."""
+        ps = self.ps
+        proc = self._children.get(pid)
+        try:
+            if proc is None:
+                proc = self._children[pid] = ps.Process(pid)
+                proc.cpu_percent(None)
+            status = proc.status()
+            state = {"running": "running", "sleeping": "sleeping", "disk-sleep": "sleeping",
+                     "idle": "sleeping", "zombie": "zombie", "dead": "gone"}.get(status, status)
+            return {"pid": pid, "state": state, "cpu_pct": proc.cpu_percent(None),
+                    "rss_bytes": proc.memory_info().rss if state != "zombie" else None}
+        except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess) as exc:
+            self._children.pop(pid, None)
+            return {"pid": pid, "state": "zombie" if isinstance(exc, ps.ZombieProcess) else "gone",
+                    "cpu_pct": None, "rss_bytes": None}
+
+    def child_pids(self) -> set[int]:
+        try:
+            return {c.pid for c in self.proc.children(recursive=False)}
+        except self.ps.Error:
+            return set()
+
+
+class LoaderWatch:
+    """Per-loader worker telemetry between two samples."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+        self.previous: list[dict] | None = None
+        self.epoch = None
+        self.produced_at_epoch_start = 0
+
+    def sample(self, host: HostSampler | None) -> dict | None:
+        board = self.state.board
+        if board is None:
+            return None
+        rows = board.read()
+        previous = self.previous or [dict.fromkeys(r, 0) for r in rows]
+        self.previous = rows
+        it = self.state.current() if self.state.current is not None else None
+        produced = sum(r["batches"] for r in rows)
+        if it is not None and it._epoch != self.epoch:
+            self.epoch = it._epoch
+            self.produced_at_epoch_start = sum(r["batches"] for r in previous)
+        consumed = (it._step + (1 if it._open else 0)) if it is not None and not it._ended else None
+        config = self.state.config or {}
+        capacity = (config.get("num_workers") or 0) * (config.get("prefetch_factor") or 0)
+        depth = None
+        if consumed is not None:
+            depth = max(0, min(capacity, produced - self.produced_at_epoch_start - consumed))
+        children = host.child_pids() if host is not None else set()
+        workers = []
+        for worker_id, (row, old) in enumerate(zip(rows, previous)):
+            batches = row["batches"] - old["batches"]
+            fetch_ns = row["fetch_ns"] - old["fetch_ns"]
+            entry = {
+                "id": worker_id, "pid": row["pid"] or None, "batches": row["batches"],
+                "batches_interval": batches,
+                "load_ms_mean": row["fetch_ns"] / row["batches"] / 1e6 if row["batches"] else None,
+                "load_ms_interval": fetch_ns / batches / 1e6 if batches else None,
+                "load_ms_max": row["max_fetch_ns"] / 1e6 if row["batches"] else None,
+                "cpu_fraction": row["fetch_cpu_ns"] / row["fetch_ns"] if row["fetch_ns"] else None,
+                "samples": row["samples"],
+            }
+            if host is not None and row["pid"]:
+                entry.update({k: v for k, v in host.process_state(row["pid"]).items() if k != "pid"})
+                if entry["state"] not in ("gone", "zombie") and row["pid"] not in children:
+                    entry["state"] = "gone"  # pid reused by an unrelated process
+            else:
+                entry.update(state="not_started", cpu_pct=None, rss_bytes=None)
+            workers.append(entry)
+        alive = sum(1 for w in workers if w["state"] in ("running", "sleeping"))
+        return {"t_ns": time.time_ns(), "loader": self.state.name, "workers": workers,
+                "configured_workers": config.get("num_workers"), "alive_workers": alive,
+                "queue_depth": depth, "queue_capacity": capacity or None,
+                "persistent_workers": config.get("persistent_workers")}
+
+
+class StallDetector:
+    """A wait for one batch longer than max(min_s, factor x median wait) is a stall: reported
+    once when it starts (with the worker states) and once when it ends."""
+
+    def __init__(self, session) -> None:
+        self.session = session
+        self.open: dict[str, dict] = {}
+
+    def _waiting_since(self) -> tuple[object, int] | None:
+        """The iterator the training thread is blocked in, and when its next() began."""
+        from .loader import WatchedIterator
+        frame = sys._current_frames().get(self.session.thread_id)
+        while frame is not None:
+            if frame.f_code is WatchedIterator.__next__.__code__ or \
+                    frame.f_code.co_name == "__next__" and isinstance(frame.f_locals.get("self"), WatchedIterator):
+                return frame.f_locals.get("self"), frame.f_locals.get("t_call")
+            frame = frame.f_back
+        return None
+
+    def check(self, worker_snapshots: dict[str, dict]) -> None:
+        settings = self.session.settings
+        waiting = self._waiting_since()
+        now_perf = time.perf_counter_ns()
+        current_key = None
+        if waiting is not None and waiting[1] is not None:
+            it, t_call = waiting
+            name = it._state.name
+            stats = self.session.shipper.record_stats.get(it._state.index)
+            median_ns = stats.steady_wait().quantile(0.5) if stats is not None and stats.wait.count else None
+            threshold_ns = max(settings.stall_min_s * 1e9, settings.stall_median_factor * (median_ns or 0))
+            wait_ns = now_perf - t_call
+            if wait_ns > threshold_ns:
+                current_key = (name, t_call)
+                if name not in self.open:
+                    event = {"loader": name, "rank": self.session.rank, "epoch": it._epoch, "step": it._step,
+                             "started_ns": t_call + self.session.wall_offset_ns, "ended_ns": None,
+                             "wait_s": wait_ns / 1e9, "threshold_s": threshold_ns / 1e9,
+                             "median_wait_ms": median_ns / 1e6 if median_ns else None,
+                             "workers": (worker_snapshots.get(name) or {}).get("workers", []),
+                             "t_ns": time.time_ns()}
+                    self.open[name] = event
+                    self._emit(event)
+                else:
+                    self.open[name]["wait_s"] = wait_ns / 1e9
+        for name, event in list(self.open.items()):
+            if current_key is None or current_key[0] != name:
+                ended = dict(event, ended_ns=time.time_ns(), t_ns=time.time_ns())
+                del self.open[name]
+                self._emit(ended)
+
+    def _emit(self, event: dict) -> None:
+        stalls = self.session.stalls
+        for i, old in enumerate(stalls):
+            if old["loader"] == event["loader"] and old["started_ns"] == event["started_ns"]:
+                stalls[i] = event
+                break
+        else:
+            stalls.append(event)
+        self.session.emit("stalls", event)
+
+
+class Sampler(threading.Thread):
+    def __init__(self, session) -> None:
+        super().__init__(name="starvewatch-sampler", daemon=True)
+        self.session = session
+        self._halt = threading.Event()
+        self.loader_watches: dict[str, LoaderWatch] = {}
+        self.history: list[tuple[str, dict]] = []  # for the in-process summary's system overview
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(2)
+
+    def _record(self, kind: str, event: dict) -> None:
+        self.session.emit(kind, event)
+        if len(self.history) < 50_000:
+            self.history.append((kind, event))
+
+    def run(self) -> None:
+        settings = self.session.settings
+        psutil = _psutil()
+        host = HostSampler(psutil) if psutil is not None else None
+        stalls = StallDetector(self.session)
+        host_every, gpu_every = settings.host_interval_s, settings.gpu_interval_s
+        next_host = next_gpu = time.monotonic()
+        gpu_enabled = True
+        while not self._halt.is_set():
+            now = time.monotonic()
+            try:
+                if now >= next_host:
+                    snapshots = {}
+                    if host is not None:
+                        self._record("samples", host.sample())
+                    for state in list(self.session.loader_list):
+                        watch = self.loader_watches.setdefault(state.name, LoaderWatch(state))
+                        snapshot = watch.sample(host)
+                        if snapshot is not None:
+                            snapshots[state.name] = snapshot
+                            self._record("workers", snapshot)
+                    stalls.check(snapshots)
+                    # Fixed rate without drift: the next tick is on the grid, skipping missed ones.
+                    next_host += host_every * max(1, int((now - next_host) // host_every) + 1)
+                if gpu_enabled and now >= next_gpu:
+                    gpu_enabled = self._sample_gpu()
+                    next_gpu += gpu_every * max(1, int((now - next_gpu) // gpu_every) + 1)
+            except Exception as exc:  # a sampler problem never reaches the training loop
+                self.session.shipper._note_error(f"sampler: {exc!r}")
+            self._halt.wait(max(0.0, min(next_host, next_gpu if gpu_enabled else next_host) - time.monotonic()))
+
+    def _sample_gpu(self) -> bool:
+        from . import nvml
+        if not nvml.init():
+            return False
+        devices = nvml.sample()
+        if devices:
+            self._record("samples", {"kind": "gpu", "t_ns": time.time_ns(), "devices": devices})
+        return True
 
 
 def start_samplers(session) -> None:
-    """Filled in by the samplers feature; the step timing works without it."""
-    return None
+    sampler = Sampler(session)
+    session.samplers.append(sampler)
+    sampler.start()

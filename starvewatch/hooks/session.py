@@ -31,7 +31,7 @@ class LoaderState:
     """Everything the hot path touches for one loader, bound to one session."""
 
     __slots__ = ("session", "name", "index", "totals", "config", "fixed_batch_size", "buffer",
-                 "capacity", "current", "kind")
+                 "capacity", "current", "kind", "board")
 
     def __init__(self, session: "Session", name: str, index: int, config: dict | None,
                  fixed_batch_size: int | None, kind: str) -> None:
@@ -46,6 +46,7 @@ class LoaderState:
         self.capacity = session.settings.buffer_capacity
         self.current = None
         self.kind = kind
+        self.board = None  # per-worker telemetry of a multi-process DataLoader
 
     def attached(self) -> "LoaderState":
         """This loader's state in the current run (a new run after `finish()`)."""
@@ -54,8 +55,11 @@ class LoaderState:
         session = ensure_session()
         if session is None:
             return self
-        return session.loaders.get(self.name) or session.add_loader(
-            self.name, self.config, self.fixed_batch_size, self.kind)
+        state = session.loaders.get(self.name)
+        if state is None:
+            state = session.add_loader(self.name, self.config, self.fixed_batch_size, self.kind)
+            state.board = self.board
+        return state
 
     def describe(self, totals) -> dict:
         return {"name": self.name, "kind": self.kind, "config": self.config,
@@ -70,6 +74,7 @@ class Session:
         ranks = rank_info()
         self.rank, self.world_size, self.local_rank = ranks["rank"], ranks["world_size"], ranks["local_rank"]
         self.pid = os.getpid()
+        self.thread_id = threading.get_ident()  # the training thread, for stall detection
         self.stream_id = f"{socket.gethostname()}-{self.pid}-{secrets.token_hex(4)}"
         self.started_at = time.time()
         self.ended_at: float | None = None
@@ -172,7 +177,9 @@ class Session:
         run = {k: v for k, v in self.metadata().items()}
         run.update(status="finished" if not self.active else "live", rank=self.rank,
                    world_size=self.world_size)
-        return summarize(run, loaders, stalls=self.stalls)
+        from ..monitor.system import overview
+        history = [event for sampler in self.samplers for event in sampler.history]
+        return summarize(run, loaders, stalls=self.stalls, system=overview(history))
 
 
 def current_session() -> Session | None:
@@ -221,8 +228,11 @@ def watch(loader, name: str | None = None):
     with _LOCK:
         name = str(name) if name is not None else session.default_loader_name()
         if is_torch_dataloader(loader):
-            state = session.loaders.get(name) or session.add_loader(
-                name, dataloader_config(loader), loader.batch_size, "DataLoader")
+            state = session.loaders.get(name)
+            if state is None:
+                state = session.add_loader(name, dataloader_config(loader), loader.batch_size, "DataLoader")
+                from .workers import attach
+                state.board = attach(loader)
             object.__setattr__(loader, "_starvewatch_state", state)
             loader.__class__ = watched_dataloader_class(type(loader))
             return loader

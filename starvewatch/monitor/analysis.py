@@ -111,6 +111,7 @@ def summarize(run: dict, loaders: list[LoaderData], *, stalls=(), system: dict |
         },
         "stalls": list(stalls),
         "recommendations": [],
+        "system": system,
     }
     diagnose(summary, loaders, system=system, previous=previous)
     return summary
