@@ -264,3 +264,37 @@ def test_auto_start_and_stop(isolated_starvewatch, monkeypatch):
             except ProcessLookupError:
                 pass
     assert not pid_file.exists()
+
+
+def test_samples_workers_and_stalls_are_readable_and_status_shows_stalled(collector, monkeypatch):
+    c = collector()
+    monkeypatch.setenv("STARVEWATCH_URL", c.url)
+    monkeypatch.setenv("STARVEWATCH_STALL_MIN_S", "0.3")
+    session = starvewatch.init("stall-run")
+    seen = {}
+
+    def source():
+        for i in range(25):
+            yield i
+        # While the loop waits for this batch, the collector must show the run as stalled.
+        seen["status"] = wait_until(
+            lambda: next((r["status"] for r in c.get("/api/v1/runs")["runs"] if r["status"] == "stalled"), None),
+            timeout_s=30, what="status stalled")
+        yield 25
+
+    loader = starvewatch.watch(DataLoader(Sleepy(), batch_size=8, num_workers=2), name="train")
+    for _ in loader:
+        pass
+    assert list(starvewatch.watch(source(), name="stream")) == list(range(26))
+    run_id = session.run_id
+    wait_until(lambda: c.get("/api/v1/runs")["runs"][0]["status"] == "live", what="the stall to end")
+    summary = starvewatch.finish()
+    assert seen["status"] == "stalled"
+    remote = c.get(f"/api/v1/runs/{run_id}/summary")
+    assert [s["loader"] for s in remote["stalls"]] == ["stream"] and remote["stalls"][0]["ended_ns"]
+    assert remote["system"] == summary["system"]  # same samples, same overview on both sides
+    host = c.get(f"/api/v1/runs/{run_id}/events/samples")["events"]
+    assert host and host[0]["kind"] == "host" and "shm_used_bytes" in host[0]
+    workers = c.get(f"/api/v1/runs/{run_id}/events/workers")["events"]
+    assert workers and workers[-1]["loader"] == "train" and len(workers[-1]["workers"]) == 2
+    assert c.request("GET", f"/api/v1/runs/{run_id}/events/bogus")[0] == 404

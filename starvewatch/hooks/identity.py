@@ -69,7 +69,10 @@ def run_metadata(name: str, run_id: str) -> dict:
     meta = {
         "id": run_id, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
         "argv": list(sys.argv), "python": platform.python_version(),
-        "platform": platform.platform(), "cpu_count": os.cpu_count(),
+        # os.uname, not platform.platform(): that one runs `uname -p` in a subprocess, whose
+        # pipe a DataLoader worker forked at the same moment can hold open forever.
+        "platform": f"{os.uname().sysname}-{os.uname().release}-{os.uname().machine}",
+        "cpu_count": os.cpu_count(),
         "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "ram_total_bytes": _total_ram_bytes(), "shm_total_bytes": _shm_bytes(),
         "torch": None, "cuda_devices": [], **rank_info(),

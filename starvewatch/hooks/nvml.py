@@ -17,10 +17,10 @@ _state = {"initialized": False, "failed": False, "handles": None}
 _logged: set[str] = set()
 
 
-def _log_once(key: str, message: str) -> None:
+def _log_once(key: str, message: str, level: int = logging.WARNING) -> None:
     if key not in _logged:
         _logged.add(key)
-        log.warning(message)
+        log.log(level, message)
 
 
 def _nvml():
@@ -28,7 +28,7 @@ def _nvml():
         import pynvml
     except ImportError:
         _log_once("import", "starvewatch: nvidia-ml-py is not installed; GPU samples are off "
-                            "(pip install 'starvewatch[gpu]')")
+                            "(pip install 'starvewatch[gpu]')", logging.INFO)
         return None
     return pynvml
 
@@ -47,7 +47,10 @@ def init() -> bool:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             _state["failed"] = True
-            _log_once("init", f"starvewatch: NVML unavailable ({exc}); GPU samples are off")
+            # No driver or no library is a CPU machine, not a problem worth a warning.
+            absent = isinstance(exc, (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded))
+            _log_once("init", f"starvewatch: NVML unavailable ({exc}); GPU samples are off",
+                      logging.INFO if absent else logging.WARNING)
             return False
         _state["initialized"] = True
         return True

@@ -72,8 +72,13 @@ class HostSampler:
         proc = self._children.get(pid)
         try:
             if proc is None:
-                proc = self._children[pid] = ps.Process(pid)
+                proc = ps.Process(pid)
+                if proc.ppid() != os.getpid():
+                    raise ps.NoSuchProcess(pid)  # the worker is gone and its pid reused
                 proc.cpu_percent(None)
+                self._children[pid] = proc
+            elif not proc.is_running():  # psutil checks the start time: catches pid reuse
+                raise ps.NoSuchProcess(pid)
             status = proc.status()
             state = {"running": "running", "sleeping": "sleeping", "disk-sleep": "sleeping",
                      "idle": "sleeping", "zombie": "zombie", "dead": "gone"}.get(status, status)
@@ -84,11 +89,6 @@ class HostSampler:
             return {"pid": pid, "state": "zombie" if isinstance(exc, ps.ZombieProcess) else "gone",
                     "cpu_pct": None, "rss_bytes": None}
 
-    def child_pids(self) -> set[int]:
-        try:
-            return {c.pid for c in self.proc.children(recursive=False)}
-        except self.ps.Error:
-            return set()
 
 
 class LoaderWatch:
@@ -118,7 +118,6 @@ class LoaderWatch:
         depth = None
         if consumed is not None:
             depth = max(0, min(capacity, produced - self.produced_at_epoch_start - consumed))
-        children = host.child_pids() if host is not None else set()
         workers = []
         for worker_id, (row, old) in enumerate(zip(rows, previous)):
             batches = row["batches"] - old["batches"]
@@ -134,8 +133,6 @@ class LoaderWatch:
             }
             if host is not None and row["pid"]:
                 entry.update({k: v for k, v in host.process_state(row["pid"]).items() if k != "pid"})
-                if entry["state"] not in ("gone", "zombie") and row["pid"] not in children:
-                    entry["state"] = "gone"  # pid reused by an unrelated process
             else:
                 entry.update(state="not_started", cpu_pct=None, rss_bytes=None)
             workers.append(entry)

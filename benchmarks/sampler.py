@@ -1,0 +1,66 @@
+"""CPU cost of the system sampler thread (host + workers every 0.5 s, NVML every 1 s).
+
+    python benchmarks/sampler.py [--seconds 30]
+
+Runs a watched DataLoader with 2 workers (so worker telemetry is read too) and reports the
+sampler thread's own CPU time (user + system, from /proc via psutil) as % of one core.
+Target: under 1%.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("STARVEWATCH_URL", "off")
+os.environ.setdefault("STARVEWATCH_AUTOSTART", "0")
+os.environ.setdefault("STARVEWATCH_QUIET", "1")
+os.environ.setdefault("STARVEWATCH_DIR", "/tmp/starvewatch-bench")
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import starvewatch  # noqa: E402
+
+
+class Slow(Dataset):
+    def __len__(self):
+        return 10**6
+
+    def __getitem__(self, i):
+        time.sleep(0.001)
+        return torch.zeros(8)
+
+
+def thread_cpu_s(native_id: int) -> float:
+    for t in psutil.Process().threads():
+        if t.id == native_id:
+            return t.user_time + t.system_time
+    return 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=30.0)
+    args = parser.parse_args()
+    session = starvewatch.init("sampler-bench")
+    loader = starvewatch.watch(DataLoader(Slow(), batch_size=8, num_workers=2, persistent_workers=True))
+    sampler = session.samplers[0]
+    it = iter(loader)
+    next(it)
+    cpu0, t0 = thread_cpu_s(sampler.native_id), time.monotonic()
+    while time.monotonic() - t0 < args.seconds:
+        next(it)
+        time.sleep(0.01)
+    cpu1, t1 = thread_cpu_s(sampler.native_id), time.monotonic()
+    ticks = sum(1 for k, e in sampler.history if k == "samples" and e["kind"] == "host")
+    del it
+    starvewatch.finish(quiet=True)
+    share = 100 * (cpu1 - cpu0) / (t1 - t0)
+    print(f"sampler thread: {cpu1 - cpu0:.3f} s CPU over {t1 - t0:.1f} s ({ticks} host samples at "
+          f"{session.settings.host_interval_s} s) -> {share:.2f}% of one core (target < 1%)")
+
+
+if __name__ == "__main__":
+    main()
