@@ -155,6 +155,8 @@ class LoaderTotals:
     samples: int = 0
     samples_known: bool = True
     dropped_records: int = 0
+    wait_probe_ns: int = 0        # sampled waits (a few a second) ...
+    wait_probe_cpu_ns: int = 0    # ... and the training thread's CPU time during them
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -164,8 +166,8 @@ class LoaderTotals:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
     def merge(self, other: "LoaderTotals") -> None:
-        for name in ("steps", "epochs", "wait_ns", "compute_ns", "other_ns",
-                     "epoch_end_wait_ns", "samples", "dropped_records"):
+        for name in ("steps", "epochs", "wait_ns", "compute_ns", "other_ns", "epoch_end_wait_ns",
+                     "samples", "dropped_records", "wait_probe_ns", "wait_probe_cpu_ns"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.samples_known = self.samples_known and other.samples_known
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import weakref
 from time import perf_counter_ns as _now
+from time import thread_time_ns
 
 from .introspect import leading_dim
 
@@ -31,7 +32,7 @@ class WatchedIterator:
                  "_t_call", "_t_ret", "_wait", "_open", "_marked", "_excluded", "_step_ns",
                  "_step_used", "_in_step", "_phases", "_bs", "_first", "_probe_bs", "_startup",
                  "_parent", "_parent_step", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
-                 "__weakref__")
+                 "_cpu_probe", "__weakref__")
 
     def __init__(self, inner, state, t_iter_call: int, t_iter_ret: int) -> None:
         self._it = inner
@@ -57,6 +58,7 @@ class WatchedIterator:
         self._gpu = state.session.gpu_timer()
         self._token = None
         self._ended = False
+        self._cpu_probe = False  # armed by the sampler: measure this wait's CPU time once
         parent = ACTIVE[-1]() if ACTIVE else None
         if parent is not None and parent._open:
             self._parent, self._parent_step = parent._wref, parent._step
@@ -80,6 +82,8 @@ class WatchedIterator:
             raise StopIteration
         gpu = self._gpu
         token = gpu.begin() if gpu is not None else None
+        probe = self._cpu_probe  # read once: the sampler thread may arm it meanwhile
+        cpu0 = thread_time_ns() if probe else 0
         try:
             batch = next(it)
         except BaseException as exc:
@@ -88,6 +92,12 @@ class WatchedIterator:
             self._failed(exc, t_call)
             raise
         t_ret = _now()
+        if probe:
+            # Is waiting CPU work (loading on this thread) or idle (sleeps, reads, workers)?
+            self._cpu_probe = False
+            totals = self._state.totals
+            totals.wait_probe_cpu_ns += thread_time_ns() - cpu0
+            totals.wait_probe_ns += t_ret - t_call
         self._t_call = t_call
         self._t_ret = t_ret
         self._wait = t_ret - t_call
@@ -110,6 +120,14 @@ class WatchedIterator:
         self._state.totals.epoch_end_wait_ns += t - t_call
         if isinstance(exc, StopIteration):
             self._end(t)
+
+    def probe_cpu(self) -> None:
+        """Called from the sampler thread: measure the CPU time of the next wait (one step,
+        on the general path; the iterator returns to the fast class after it)."""
+        if not self._ended:
+            self._cpu_probe = True
+            if type(self) is FastWatchedIterator:
+                self.__class__ = WatchedIterator
 
     def _first_batch(self, batch) -> None:
         self._first = False

@@ -9,6 +9,10 @@ import threading
 import time
 
 
+# /dev/shm as the container sees it can be smaller than the tmpfs says (docker --shm-size).
+SHM_LIMIT_BYTES = int(os.environ.get("STARVEWATCH_SHM_LIMIT_BYTES", "0") or 0)
+
+
 def _psutil():
     try:
         import psutil
@@ -28,6 +32,7 @@ class HostSampler:
         psutil.cpu_times_percent(None)
         self._last = (time.monotonic(), psutil.swap_memory(), self._disk())
         self._children: dict[int, object] = {}
+        self._train_thread_cpu = None
 
     def _disk(self):
         try:
@@ -35,7 +40,24 @@ class HostSampler:
         except (RuntimeError, OSError):
             return None
 
-    def sample(self) -> dict:
+    def train_thread_cpu_pct(self, native_id: int | None, now: float) -> float | None:
+        """CPU share of the training thread: tells sleeping or I/O waits (data loaded on the
+        training thread with num_workers=0) from busy decoding."""
+        if native_id is None:
+            return None
+        try:
+            times = next((t for t in self.proc.threads() if t.id == native_id), None)
+        except self.ps.Error:
+            return None
+        if times is None:
+            return None
+        busy = times.user_time + times.system_time
+        last, self._train_thread_cpu = self._train_thread_cpu, (now, busy)
+        if last is None or now <= last[0]:
+            return None
+        return 100 * (busy - last[1]) / (now - last[0])
+
+    def sample(self, train_native_id: int | None = None) -> dict:
         ps = self.ps
         now = time.monotonic()
         swap, disk = ps.swap_memory(), self._disk()
@@ -50,9 +72,12 @@ class HostSampler:
             shm_used, shm_total = shm.used, shm.total
         except OSError:
             shm_used = shm_total = None
+        if SHM_LIMIT_BYTES and shm_total:  # a container's smaller limit, or a simulated one
+            shm_total = min(shm_total, SHM_LIMIT_BYTES)
         return {
             "kind": "host", "t_ns": time.time_ns(),
             "process_cpu_pct": self.proc.cpu_percent(None),
+            "train_thread_cpu_pct": self.train_thread_cpu_pct(train_native_id, now),
             "process_rss_bytes": self.proc.memory_info().rss,
             "cpu_pct": sum(per_core) / len(per_core) if per_core else None,
             "cpu_per_core_pct": per_core,
@@ -91,14 +116,23 @@ class HostSampler:
 
 
 
+def _ready_batches(inner) -> int | None:
+    """Batches the workers finished that the loop has not taken yet: the DataLoader's result
+    queue plus results that arrived out of order (torch internals, read defensively)."""
+    try:
+        ready = inner._data_queue.qsize()
+        ready += sum(1 for info in inner._task_info.values() if len(info) == 2)
+        return ready
+    except Exception:  # another torch version, a platform without qsize: unknown
+        return None
+
+
 class LoaderWatch:
     """Per-loader worker telemetry between two samples."""
 
     def __init__(self, state) -> None:
         self.state = state
         self.previous: list[dict] | None = None
-        self.epoch = None
-        self.produced_at_epoch_start = 0
 
     def sample(self, host: HostSampler | None) -> dict | None:
         board = self.state.board
@@ -108,16 +142,9 @@ class LoaderWatch:
         previous = self.previous or [dict.fromkeys(r, 0) for r in rows]
         self.previous = rows
         it = self.state.current() if self.state.current is not None else None
-        produced = sum(r["batches"] for r in rows)
-        if it is not None and it._epoch != self.epoch:
-            self.epoch = it._epoch
-            self.produced_at_epoch_start = sum(r["batches"] for r in previous)
-        consumed = (it._step + (1 if it._open else 0)) if it is not None and not it._ended else None
         config = self.state.config or {}
         capacity = (config.get("num_workers") or 0) * (config.get("prefetch_factor") or 0)
-        depth = None
-        if consumed is not None:
-            depth = max(0, min(capacity, produced - self.produced_at_epoch_start - consumed))
+        depth = _ready_batches(it._it) if it is not None and it._it is not None else None
         workers = []
         for worker_id, (row, old) in enumerate(zip(rows, previous)):
             batches = row["batches"] - old["batches"]
@@ -230,14 +257,19 @@ class Sampler(threading.Thread):
         host_every, gpu_every = settings.host_interval_s, settings.gpu_interval_s
         next_host = next_gpu = time.monotonic()
         gpu_enabled = True
-        while not self._halt.is_set():
+        final = False
+        while not final:
+            final = self._halt.is_set()  # one last reading at stop: short runs get data too
             now = time.monotonic()
             try:
-                if now >= next_host:
+                if now >= next_host or final:
                     snapshots = {}
                     if host is not None:
-                        self._record("samples", host.sample())
+                        self._record("samples", host.sample(self.session.thread_native_id))
                     for state in list(self.session.loader_list):
+                        current = state.current() if state.current is not None else None
+                        if current is not None:
+                            current.probe_cpu()
                         watch = self.loader_watches.setdefault(state.name, LoaderWatch(state))
                         snapshot = watch.sample(host)
                         if snapshot is not None:
@@ -251,7 +283,8 @@ class Sampler(threading.Thread):
                     next_gpu += gpu_every * max(1, int((now - next_gpu) // gpu_every) + 1)
             except Exception as exc:  # a sampler problem never reaches the training loop
                 self.session.shipper._note_error(f"sampler: {exc!r}")
-            self._halt.wait(max(0.0, min(next_host, next_gpu if gpu_enabled else next_host) - time.monotonic()))
+            if not final:
+                self._halt.wait(max(0.0, min(next_host, next_gpu if gpu_enabled else next_host) - time.monotonic()))
 
     def _sample_gpu(self) -> bool:
         from . import nvml

@@ -49,6 +49,8 @@ class LoaderTotalsModel(Strict):
     samples: NonNegInt = 0
     samples_known: bool = True
     dropped_records: NonNegInt = 0
+    wait_probe_ns: NonNegInt = 0
+    wait_probe_cpu_ns: NonNegInt = 0
 
 
 class LoaderInfo(Strict):
