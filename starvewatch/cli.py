@@ -11,17 +11,128 @@ EXAMPLES = """examples:
   starvewatch serve --host 0.0.0.0 --token SECRET
   starvewatch stop                 stop the collector started for you
   starvewatch import /mnt/other/.starvewatch/spool
+  starvewatch runs                 list runs (status, verdict, input wait, throughput)
+  starvewatch runs show latest     one run's summary
+  starvewatch export latest --format html -o report.html
+  starvewatch export RUN --format csv --spool ~/.starvewatch/spool   (offline)
+  starvewatch compare RUN_A RUN_B  what changed, and did the fix work
+  starvewatch doctor               NVML, torch/CUDA, /dev/shm, collector: with fixes
+
+exit codes: 0 ok, 1 error (unknown run, unreachable collector...), 2 usage, 3 doctor found problems
 """
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PROBLEMS = 0, 1, 2, 3
 
 
 def cmd_demo(args) -> int:
     from .demo import run_demo
+    from .monitor.diagnosis import verify
+    from .monitor.export import compare_table
     before, after = run_demo(quick=args.quick, name=args.name)
     if after is None:
         print("no recommendation to apply: the starved run's summary is above", file=sys.stderr)
+        return EXIT_OK
+    print("\nbefore -> after", flush=True)
+    print(compare_table(before, after, verify(before, after)), flush=True)
     return EXIT_OK
+
+
+def _source(args):
+    import os
+
+    from .hooks.settings import DEFAULT_URL, OFF_VALUES
+    from .monitor.sources import open_source
+    url = getattr(args, "url", None) or os.environ.get("STARVEWATCH_URL") or DEFAULT_URL
+    if url.strip().lower() in OFF_VALUES:
+        url = DEFAULT_URL
+    return open_source(url=url, spool=getattr(args, "spool", None), db=getattr(args, "db", None),
+                       directory=_dir(args), token=os.environ.get("STARVEWATCH_TOKEN"))
+
+
+def _with_source(fn):
+    def run(args) -> int:
+        from .monitor.sources import SourceError
+        try:
+            source = _source(args)
+        except SourceError as exc:
+            return fail(str(exc))
+        try:
+            return fn(args, source)
+        except SourceError as exc:
+            return fail(str(exc))
+        finally:
+            source.close()
+    return run
+
+
+@_with_source
+def cmd_export(args, source) -> int:
+    from .monitor.export import export
+    from .monitor.sources import resolve_run
+    run_id = resolve_run(source, args.run)
+    if args.output and args.output != "-":
+        with open(args.output, "w", newline="" if args.format == "csv" else None, encoding="utf-8") as out:
+            rows = export(source, run_id, args.format, out)
+        extra = f" ({rows} rows)" if rows is not None else ""
+        print(f"wrote {args.output}: run {run_id} as {args.format}{extra}", file=sys.stderr)
+    else:
+        export(source, run_id, args.format, sys.stdout)
+    return EXIT_OK
+
+
+@_with_source
+def cmd_runs(args, source) -> int:
+    from .monitor.sources import resolve_run
+    action = args.action or "list"
+    if action == "list":
+        runs = source.list_runs(status=args.status, search=args.search)
+        if not runs:
+            print(f"no runs in {source.description}")
+            return EXIT_OK
+        print(f"{'run':<40} {'name':<16} {'status':<9} {'verdict':<17} {'wait':>6} {'batches/s':>10} {'duration':>9}")
+        for r in runs:
+            wait = "n/a" if r["input_wait_fraction"] is None else f"{100 * r['input_wait_fraction']:.1f}%"
+            rate = "n/a" if not r["batches_per_s"] else f"{r['batches_per_s']:.1f}"
+            print(f"{r['id']:<40} {r['name'][:16]:<16} {r['status']:<9} {r['verdict']:<17} {wait:>6} {rate:>10} "
+                  f"{r['duration_s']:>8.1f}s")
+        return EXIT_OK
+    if not args.run:
+        return fail(f"`starvewatch runs {action}` needs a run (an id, a name or 'latest')", EXIT_USAGE)
+    run_id = resolve_run(source, args.run)
+    if action == "show":
+        from .hooks.report import format_report
+        print(format_report(source.summary(run_id)))
+        return EXIT_OK
+    source.delete(run_id)
+    print(f"deleted run {run_id}")
+    return EXIT_OK
+
+
+@_with_source
+def cmd_compare(args, source) -> int:
+    from .monitor.diagnosis import verify
+    from .monitor.export import compare_table
+    from .monitor.sources import resolve_run
+    a, b = resolve_run(source, args.before), resolve_run(source, args.after)
+    before, after = source.summary(a), source.summary(b)
+    print(f"before: {a}\nafter:  {b}\n")
+    verification = verify(before, after)
+    print(compare_table(before, after, verification))
+    if verification is None:
+        print("\nthe loader configurations are the same: nothing to verify")
+    return EXIT_OK
+
+
+def cmd_doctor(args) -> int:
+    from .doctor import run_checks
+    problems = 0
+    for name, ok, detail, fix in run_checks(_dir(args)):
+        mark = "ok " if ok else "!! "
+        print(f"{mark}{name}: {detail}")
+        if not ok and fix:
+            print(f"    fix: {fix}")
+        problems += 0 if ok else 1
+    return EXIT_OK if problems == 0 else EXIT_PROBLEMS
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> int:
@@ -126,6 +237,37 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--db", help="SQLite file (default STARVEWATCH_DIR/starvewatch.db)")
     imp.add_argument("--delete", action="store_true", help="delete the spool files once imported")
     imp.set_defaults(func=cmd_import)
+
+    def source_options(p):
+        p.add_argument("--url", help="collector URL (default STARVEWATCH_URL or http://127.0.0.1:8412)")
+        p.add_argument("--spool", help="read offline from a spool directory instead")
+        p.add_argument("--db", help="read offline from a database file instead")
+        p.add_argument("--dir", help="data directory for the offline fallback (default STARVEWATCH_DIR)")
+
+    exp = sub.add_parser("export", help="write a run as JSON, CSV, Markdown or self-contained HTML")
+    exp.add_argument("run", help="run id, unique id prefix, run name, or 'latest'")
+    exp.add_argument("--format", "-f", choices=("json", "csv", "md", "html"), default="json")
+    exp.add_argument("-o", "--output", help="file to write (default: standard output)")
+    source_options(exp)
+    exp.set_defaults(func=cmd_export)
+
+    runs = sub.add_parser("runs", help="list, show or delete runs")
+    runs.add_argument("action", nargs="?", choices=("list", "show", "delete"), default="list")
+    runs.add_argument("run", nargs="?", help="run id, name or 'latest' (show, delete)")
+    runs.add_argument("--status", choices=("live", "stalled", "finished", "lost"))
+    runs.add_argument("--search", help="substring of the run name or id")
+    source_options(runs)
+    runs.set_defaults(func=cmd_runs)
+
+    cmp = sub.add_parser("compare", help="compare two runs: deltas and the verify-after-change verdict")
+    cmp.add_argument("before")
+    cmp.add_argument("after")
+    source_options(cmp)
+    cmp.set_defaults(func=cmd_compare)
+
+    doc = sub.add_parser("doctor", help="check NVML, torch and CUDA, /dev/shm, the collector")
+    doc.add_argument("--dir", help="data directory (default STARVEWATCH_DIR or ~/.starvewatch)")
+    doc.set_defaults(func=cmd_doctor)
     return parser
 
 

@@ -1,0 +1,67 @@
+"""`starvewatch doctor`: what would stop starvewatch (or the training) from working, with fixes."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+def run_checks(directory: Path):
+    """Yields (name, ok, detail, fix)."""
+    try:
+        import torch
+        cuda = torch.cuda.is_available()
+        yield ("torch", True, f"torch {torch.__version__}, CUDA {'available: ' + torch.cuda.get_device_name(0) if cuda else 'not available (CPU build or no GPU)'}", None)
+    except ImportError:
+        yield ("torch", False, "torch is not installed", "pip install torch (CPU: pip install torch==2.13.0)")
+        cuda = False
+    try:
+        import pynvml
+        try:
+            pynvml.nvmlInit()
+            count = pynvml.nvmlDeviceGetCount()
+            version = pynvml.nvmlSystemGetDriverVersion()
+            pynvml.nvmlShutdown()
+            yield ("NVML", True, f"{count} GPU(s), driver {version}", None)
+        except pynvml.NVMLError as exc:
+            yield ("NVML", not cuda, f"NVML unavailable: {exc}" + ("" if cuda else " (fine on a CPU machine)"),
+                   "install the NVIDIA driver, or run where one is loaded, for GPU utilization samples")
+    except ImportError:
+        yield ("NVML", not cuda, "nvidia-ml-py is not installed: no GPU utilization samples",
+               "pip install 'starvewatch[gpu]'")
+    try:
+        shm = shutil.disk_usage("/dev/shm")
+        gib = shm.total / 2**30
+        ok = shm.total >= 1 * 2**30
+        yield ("/dev/shm", ok, f"{gib:.1f} GiB, {100 * shm.used / max(1, shm.total):.0f}% used",
+               None if ok else "DataLoader workers pass batches through /dev/shm: give the container more "
+                               "(docker run --shm-size=8g, or --ipc=host)")
+    except OSError:
+        yield ("/dev/shm", False, "missing", "mount a tmpfs on /dev/shm (docker --shm-size)")
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        writable = os.access(directory, os.W_OK)
+    except OSError:
+        writable = False
+    yield ("data directory", writable, f"{directory} {'is writable' if writable else 'is not writable'}",
+           None if writable else "set STARVEWATCH_DIR to a writable directory")
+    from .hooks.collector_link import probe
+    from .hooks.settings import DEFAULT_URL
+    from .hooks.transport import HttpTransport
+    url = os.environ.get("STARVEWATCH_URL") or DEFAULT_URL
+    if url.lower() in ("off", "none", "0", "false"):
+        yield ("collector", True, "STARVEWATCH_URL=off: data stays in the spool", None)
+        return
+    transport = HttpTransport(url, os.environ.get("STARVEWATCH_TOKEN"), timeout_s=3)
+    found = probe(transport)
+    transport.close()
+    if found == "starvewatch":
+        yield ("collector", True, f"a starvewatch collector answers at {url}", None)
+    elif found == "other":
+        yield ("collector", False, f"{url} answers but is not starvewatch",
+               "free the port, or point STARVEWATCH_URL at another one (starvewatch serve --port N)")
+    else:
+        autostart = os.environ.get("STARVEWATCH_AUTOSTART", "1") not in ("0", "false", "off")
+        yield ("collector", True, f"none at {url}" + ("; training will start one automatically" if autostart
+                                                       else "; auto-start is off, data goes to the spool"), None)
