@@ -68,8 +68,9 @@ class Query:
     def previous_summary(self, meta: dict) -> dict | None:
         """The latest earlier run with the same name (for verify-after-change)."""
         row = self.store.reader().execute(
-            "SELECT id FROM runs WHERE name = ? AND id != ? AND first_seen < "
-            "(SELECT first_seen FROM runs WHERE id = ?) ORDER BY first_seen DESC LIMIT 1",
+            "SELECT id FROM runs WHERE name = ? AND id != ? AND coalesce(started_at, first_seen) < "
+            "(SELECT coalesce(started_at, first_seen) FROM runs WHERE id = ?) "
+            "ORDER BY coalesce(started_at, first_seen) DESC LIMIT 1",
             (meta["name"], meta["id"], meta["id"])).fetchone()
         if row is None:
             return None

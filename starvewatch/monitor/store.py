@@ -220,7 +220,7 @@ class Store:
 
     # ---- reads -------------------------------------------------------------------------------
     def run_rows(self) -> list[sqlite3.Row]:
-        return self.reader().execute("SELECT * FROM runs ORDER BY first_seen DESC").fetchall()
+        return self.reader().execute("SELECT * FROM runs ORDER BY coalesce(started_at, first_seen) DESC").fetchall()
 
     def run_row(self, run_id: str):
         return self.reader().execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()

@@ -1,0 +1,145 @@
+"""Every command through its entry point, against real data (a spool, a database, a collector)."""
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import starvewatch
+from tests.conftest import free_port
+
+
+def cli(*args, env_extra=None, timeout=120):
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "starvewatch", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture
+def offline_runs(isolated_starvewatch, monkeypatch):
+    """Two runs of the same name in the spool, the second with a changed loader config."""
+    import time
+
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 96
+
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return torch.zeros(2)
+
+    ids = []
+    for workers in (0, 2):
+        starvewatch.init("cli-run")
+        for _ in starvewatch.watch(DataLoader(Slow(), batch_size=4, num_workers=workers)):
+            time.sleep(0.004)
+        ids.append(starvewatch.finish()["run"]["id"])
+    # No collector answers here: the CLI falls back to the offline data in STARVEWATCH_DIR.
+    monkeypatch.setenv("STARVEWATCH_URL", f"http://127.0.0.1:{free_port()}")
+    return ids
+
+
+def test_help_has_examples_and_no_command_is_a_usage_error():
+    out = cli("--help")
+    assert out.returncode == 0 and "examples:" in out.stdout and "starvewatch export latest" in out.stdout
+    assert cli().returncode == 2
+
+
+def test_runs_list_show_and_delete(offline_runs):
+    out = cli("runs")
+    assert out.returncode == 0, out.stderr
+    assert all(run_id in out.stdout for run_id in offline_runs) and "finished" in out.stdout
+    show = cli("runs", "show", "latest")
+    assert show.returncode == 0 and offline_runs[1] in show.stdout and "input wait" in show.stdout
+    unknown = cli("runs", "show", "no-such-run")
+    assert unknown.returncode == 1 and "unknown run" in unknown.stderr and "Traceback" not in unknown.stderr
+    assert cli("runs", "delete").returncode == 2
+
+
+def test_export_json_matches_the_schema(offline_runs):
+    out = cli("export", offline_runs[0], "--format", "json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["schema"] == "starvewatch.summary/1"
+    assert set(summary) >= {"run", "loaders", "verdict", "stalls", "recommendations"}
+    assert set(summary["run"]) >= {"id", "name", "started_at", "ended_at", "status", "host", "rank", "world_size"}
+    loader = summary["loaders"][0]
+    assert set(loader) >= {"name", "config", "steps", "epochs", "input_wait_fraction", "verdict", "wait_ms",
+                           "compute_ms", "batches_per_s", "samples_per_s", "dropped_records"}
+    assert set(loader["wait_ms"]) == {"mean", "p50", "p95", "p99", "max"}
+    assert set(summary["verdict"]) >= {"input_bound", "input_wait_fraction", "gpu_idle_fraction",
+                                       "limiting_factor", "speedup_at_stake"}
+    assert summary["recommendations"][0]["parameter"] == "num_workers"
+    assert isinstance(summary["recommendations"][0]["suggested"], int)
+
+
+def test_export_csv_rows_match_steps(offline_runs, tmp_path):
+    target = tmp_path / "steps.csv"
+    out = cli("export", "latest", "-f", "csv", "-o", str(target))
+    assert out.returncode == 0, out.stderr
+    rows = list(csv.DictReader(io.StringIO(target.read_text())))
+    summary = json.loads(cli("export", "latest", "-f", "json").stdout)
+    assert len(rows) + summary["loaders"][0]["dropped_records"] == summary["loaders"][0]["steps"] == 24
+    assert {r["run"] for r in rows} == {offline_runs[1]}
+    assert sorted(int(r["step"]) for r in rows) == list(range(24))
+    assert all(float(r["wait_ms"]) >= 0 and float(r["compute_ms"]) > 3 for r in rows)
+
+
+def test_export_markdown_and_spool_option(offline_runs, isolated_starvewatch):
+    out = cli("export", offline_runs[0], "-f", "md", "--spool", str(isolated_starvewatch / "spool"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("# starvewatch report: cli-run")
+    assert "num_workers=" in out.stdout and "DataLoader(dataset, " in out.stdout
+    missing = cli("export", "latest", "--spool", str(isolated_starvewatch / "nope"))
+    assert missing.returncode == 1 and "not a directory" in missing.stderr
+
+
+def test_compare_shows_deltas_and_the_verdict(offline_runs):
+    out = cli("compare", *offline_runs)
+    assert out.returncode == 0, out.stderr
+    assert "batches/s" in out.stdout and "num_workers=" in out.stdout
+    # The second run used 2 workers: the verdict says whether that was the suggested value.
+    assert any(status in out.stdout for status in ("confirmed", "refuted", "not_applied"))
+    assert "| train | input wait |" in out.stdout
+
+
+def test_unreachable_collector_without_offline_data_is_a_clear_error(isolated_starvewatch, monkeypatch):
+    monkeypatch.setenv("STARVEWATCH_URL", f"http://127.0.0.1:{free_port()}")
+    out = cli("runs")
+    assert out.returncode == 1 and "no starvewatch collector answers" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_doctor_reports_each_check(isolated_starvewatch, monkeypatch):
+    monkeypatch.setenv("STARVEWATCH_URL", f"http://127.0.0.1:{free_port()}")
+    out = cli("doctor")
+    assert out.returncode in (0, 3)
+    for name in ("torch", "NVML", "/dev/shm", "collector"):
+        assert name in out.stdout
+
+
+def test_commands_against_a_running_collector(collector, monkeypatch):
+    c = collector()
+    monkeypatch.setenv("STARVEWATCH_URL", c.url)
+    list(starvewatch.watch(range(40)))
+    run_id = starvewatch.finish()["run"]["id"]
+    listed = cli("runs")
+    assert listed.returncode == 0 and run_id in listed.stdout
+    exported = json.loads(cli("export", run_id[:12], "-f", "json").stdout)
+    assert exported["run"]["id"] == run_id
+    assert cli("runs", "delete", run_id).returncode == 0
+    assert c.get("/api/v1/runs")["runs"] == []
+
+
+def test_demo_quick_runs_both_configurations_and_compares():
+    out = cli("demo", "--quick", env_extra={"STARVEWATCH_QUIET": "0"}, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "[1/2] starved configuration" in out.stdout and "[2/2] recommended configuration" in out.stdout
+    assert "| train | batches/s |" in out.stdout and "num_workers=" in out.stdout
+    assert "input-bound: high" in out.stderr  # the end-of-run report of the starved run
