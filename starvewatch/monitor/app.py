@@ -202,6 +202,21 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
             raise HTTPException(404, f"unknown event kind {kind!r}: samples, workers or stalls")
         return {"events": state["query"].events(run_id, kind, since_ns=since_ns, limit=limit)}
 
+    @app.get("/api/v1/runs/{run_id}/export")
+    def export_run(run_id: str, format: str = Q("json", pattern="^(json|csv|md|html)$")):
+        from .export import export_text
+        from .sources import LocalSource, SourceError
+        source = LocalSource(state["store"], "this collector")
+        try:
+            body = export_text(source, run_id, format)
+        except SourceError as exc:
+            raise NotFound(str(exc)) from None
+        media = {"json": "application/json", "csv": "text/csv", "md": "text/markdown",
+                 "html": "text/html"}[format]
+        filename = f"starvewatch-{run_id}.{format}"
+        return Response(body, media_type=f"{media}; charset=utf-8",
+                        headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+
     @app.get("/metrics")
     def metrics():
         body, content_type = render(app.state.registry)

@@ -5,8 +5,9 @@ import plotly.graph_objects as go
 
 WAIT_COLOR = "#d9534f"
 COMPUTE_COLOR = "#5b8def"
-LAYOUT = dict(template="plotly_white", margin=dict(l=50, r=20, t=40, b=40), height=320,
-              legend=dict(orientation="h", y=1.12, x=0))
+LAYOUT = dict(template="plotly_white", margin=dict(l=50, r=20, t=70, b=40), height=340,
+              legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
+              title_y=0.97)
 
 
 def _empty(title: str, note: str = "no data yet") -> go.Figure:

@@ -1,0 +1,65 @@
+"""Page layouts (static structure; the callbacks fill them)."""
+from __future__ import annotations
+
+from dash import dcc, html
+
+POLL_MS = 1000
+
+
+def root_layout() -> html.Div:
+    header = html.Div([dcc.Link("starvewatch", href="/", className="brand"),
+                       dcc.Link("Runs", href="/"), dcc.Link("Compare", href="/compare")], className="sw-header")
+    return html.Div([dcc.Location(id="url"), header,
+                     dcc.Interval(id="interval", interval=POLL_MS), dcc.Store(id="tick"),
+                     html.Div(id="page", className="sw-page")])
+
+
+def runs_page() -> html.Div:
+    return html.Div([
+        html.H2("Runs"),
+        html.Div([dcc.Input(id="runs-search", type="search", placeholder="search by name or id",
+                            className="sw-search", debounce=False),
+                  dcc.Dropdown(id="runs-sort", value="started", clearable=False, style={"width": "220px"},
+                               options=[{"label": "newest first", "value": "started"},
+                                        {"label": "most input wait", "value": "wait"},
+                                        {"label": "highest throughput", "value": "throughput"},
+                                        {"label": "name", "value": "name"}])],
+                 style={"display": "flex", "gap": "12px", "alignItems": "center"}),
+        html.Div(id="runs-container", className="sw-card"),
+    ])
+
+
+def run_page(run_id: str) -> html.Div:
+    def graph(graph_id):
+        return html.Div(dcc.Graph(id=graph_id, config={"displaylogo": False}), className="sw-card")
+
+    exports = html.Div([html.Span("Export: ")] + [
+        html.A(label, href=f"/api/v1/runs/{run_id}/export?format={fmt}", download="", id=f"export-{fmt}")
+        for label, fmt in (("JSON", "json"), ("CSV", "csv"), ("Markdown", "md"), ("HTML report", "html"))],
+        className="sw-exports")
+    return html.Div([
+        dcc.Store(id="run-id", data=run_id),
+        html.Div(id="run-title"),
+        html.Div(id="stall-banner-container"),
+        html.Div(id="kpis", className="sw-kpis"),
+        html.Div([html.Span("Loader: "), dcc.Dropdown(id="loader-select", clearable=False,
+                                                      style={"width": "240px", "display": "inline-block"})],
+                 className="sw-card"),
+        html.Div([graph("timeline-graph"), graph("fraction-graph"), graph("system-graph"),
+                  graph("histogram-graph")], className="sw-grid"),
+        html.Div([html.H3("Recommendations"), html.Div(id="recommendations")], className="sw-card"),
+        html.Div([html.H3("DataLoader workers"), html.Div(id="workers")], className="sw-card"),
+        html.Div([html.H3("Ranks"), html.Div(id="ranks")], className="sw-card", id="ranks-card"),
+        html.Div([html.H3("Loader configuration"), html.Div(id="config")], className="sw-card"),
+        html.Div(exports, className="sw-card"),
+    ])
+
+
+def compare_page(a: str | None, b: str | None) -> html.Div:
+    return html.Div([
+        html.H2("Compare runs"),
+        html.Div([dcc.Dropdown(id="compare-a", value=a, placeholder="before", style={"width": "380px"}),
+                  dcc.Dropdown(id="compare-b", value=b, placeholder="after", style={"width": "380px"})],
+                 style={"display": "flex", "gap": "12px"}),
+        html.Div(id="compare-result", className="sw-card"),
+    ])
