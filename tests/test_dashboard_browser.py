@@ -1,0 +1,120 @@
+"""End to end in a real headless Chromium against a real collector fed by a real training loop."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from tests.conftest import wait_until
+
+CHROMIUM = "/usr/bin/chromium"
+
+TRAINING = r"""
+import os, sys, time, torch, starvewatch
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 10_000
+    def __getitem__(self, i):
+        time.sleep(0.003)
+        return torch.zeros(4)
+
+stop, deadline = sys.argv[1], time.monotonic() + 90
+loader = starvewatch.watch(DataLoader(Slow(), batch_size=4, num_workers=0))
+for _ in loader:
+    time.sleep(0.004)
+    if os.path.exists(stop) or time.monotonic() > deadline:
+        break
+starvewatch.finish()
+"""
+
+
+@pytest.fixture
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+            "--no-first-run", "--disable-component-update", "--disable-sync"])
+        yield b
+        b.close()
+
+
+def _page(browser):
+    page = browser.new_page(viewport={"width": 1300, "height": 1600}, accept_downloads=True)
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    return page, errors
+
+
+def test_live_run_page_updates_recommends_and_exports(collector, browser, tmp_path):
+    c = collector()
+    stop = tmp_path / "stop"
+    env = dict(os.environ, STARVEWATCH_URL=c.url, STARVEWATCH_RUN_NAME="browser-live")
+    proc = subprocess.Popen([sys.executable, "-c", TRAINING, str(stop)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        page, errors = _page(browser)
+        page.goto(c.url + "/")
+        page.wait_for_selector("#runs-table >> text=browser-live", timeout=30_000)
+        page.click("#runs-table >> text=browser-live")
+        page.wait_for_selector("#kpi-steps .value", timeout=30_000)
+        first = page.inner_text("#kpi-steps .value")
+        # KPIs change while it trains: the page polls, the server answers with new data.
+        page.wait_for_function(f"document.querySelector('#kpi-steps .value').innerText !== '{first}'",
+                               timeout=15_000)
+        page.wait_for_selector("#recommendations >> text=num_workers=", timeout=30_000)
+        assert "high" in page.inner_text("#kpi-verdict")
+        assert page.locator("#timeline-graph .js-plotly-plot").count() == 1
+        page.screenshot(path=str(tmp_path / "run-page.png"), full_page=True)
+        with page.expect_download() as info:
+            page.click("#export-json")
+        summary = json.loads(info.value.path().read_text())
+        assert summary["schema"] == "starvewatch.summary/1" and summary["run"]["name"] == "browser-live"
+        assert summary["recommendations"][0]["parameter"] == "num_workers"
+        with page.expect_download() as info:
+            page.click("#export-csv")
+        assert info.value.path().read_text().startswith("run,rank,loader,epoch,step")
+        assert errors == []
+    finally:
+        stop.write_text("stop")
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+
+
+def test_exported_html_report_opens_offline_with_its_charts(collector, browser, tmp_path, monkeypatch):
+    import starvewatch
+    c = collector()
+    monkeypatch.setenv("STARVEWATCH_URL", c.url)
+    for _ in starvewatch.watch(range(200)):
+        pass
+    run_id = starvewatch.finish()["run"]["id"]
+    report = tmp_path / "report.html"
+    out = subprocess.run([sys.executable, "-m", "starvewatch", "export", run_id, "-f", "html", "-o", str(report)],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, STARVEWATCH_URL=c.url))
+    assert out.returncode == 0, out.stderr
+    page, errors = _page(browser)
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(report.as_uri())
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+    assert page.locator(".js-plotly-plot").count() >= 4
+    assert "starvewatch report" in page.inner_text("h1")
+    assert all(u.startswith(("file:", "data:", "blob:")) for u in requests), requests  # no CDN
+    assert errors == []
+
+
+def test_dashboard_is_behind_the_token(collector, browser):
+    c = collector(token="tok-123")
+    page, errors = _page(browser)
+    response = page.goto(c.url + "/")
+    assert response.status == 401
+    page.goto(c.url + "/?token=tok-123")  # logs in once: a cookie from then on
+    page.wait_for_selector("#runs-container", timeout=30_000)
+    assert "token" not in page.url
+    page.goto(c.url + "/compare")
+    page.wait_for_selector("#compare-result", timeout=30_000)
+    assert [e for e in errors if "401" not in e] == []
