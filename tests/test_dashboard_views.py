@@ -82,3 +82,15 @@ def test_layout_polls_every_second():
     interval = next(c for c in root.children if getattr(c, "id", None) == "interval")
     assert interval.interval == 1000
     assert "document.hidden" in callbacks.VISIBLE_TICK
+
+
+def test_workers_panel_shows_each_worker_and_the_queue():
+    events = [{"loader": "train", "alive_workers": 1, "configured_workers": 2, "queue_depth": 3, "queue_capacity": 4,
+               "workers": [{"id": 0, "pid": 11, "state": "running", "load_ms_mean": 12.5, "cpu_fraction": 0.9,
+                            "cpu_pct": 97.0, "batches": 40},
+                           {"id": 1, "pid": 12, "state": "gone", "load_ms_mean": None, "cpu_fraction": None,
+                            "cpu_pct": None, "batches": 3}]}]
+    text = _text(views.workers_panel(events))
+    assert "1/2 workers alive" in text and "queue 3/4" in text and "12.50 ms" in text and "gone" in text
+    assert "No DataLoader worker data" in _text(views.workers_panel([]))
+    assert views.ranks_panel({0: {}}) is None

@@ -44,9 +44,10 @@ def kpis(summary: dict) -> list:
 
 
 def table(header: list[str], rows: list[list], table_id: str | None = None) -> html.Table:
+    extra = {"id": table_id} if table_id else {}
     return html.Table([html.Thead(html.Tr([html.Th(h) for h in header])),
                        html.Tbody([html.Tr([html.Td(c) for c in row]) for row in rows])],
-                      className="sw-table", id=table_id)
+                      className="sw-table", **extra)
 
 
 def runs_table(runs: list[dict], search: str | None = None, sort: str = "started") -> html.Table:

@@ -169,7 +169,10 @@ def _input_rules(facts: LoaderFacts, t: Thresholds, cuda: bool) -> list[dict]:
                      facts.evidence(), None)]
     factor = _limiting_factor(facts, t)
     cpu_saturated = (facts.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
-    if factor == "epoch_startup":
+    respawn_ms = (facts.first_wait or 0) - facts.steady_wait
+    if facts.workers and not cfg.get("persistent_workers") and facts.epochs > 1 and (
+            factor == "epoch_startup" or respawn_ms >= t.startup_min_ms):
+        # Workers respawned at every epoch: the first batch of each epoch waits for them.
         saved = facts.epoch_overhead(facts.workers)
         recs.append(_rec(name, "persistent_workers", False, True,
                          f"workers are respawned every epoch: each epoch starts with a "
