@@ -12,7 +12,7 @@ def mount(app, settings) -> None:
     from .callbacks import register
 
     dash_app = Dash(__name__, server=app, backend="fastapi", title="starvewatch", update_title=None,
-                    suppress_callback_exceptions=True, serve_locally=True,
+                    suppress_callback_exceptions=True, serve_locally=True, use_async=True,
                     assets_folder=str(Path(__file__).with_name("assets")))
     dash_app.layout = root_layout()
     register(dash_app, lambda: app.state.query)

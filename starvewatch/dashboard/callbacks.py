@@ -4,6 +4,7 @@ from __future__ import annotations
 from urllib.parse import parse_qs, unquote
 
 from dash import Input, Output, State, html, no_update
+from starlette.concurrency import run_in_threadpool
 
 from ..monitor import figures
 from ..monitor.diagnosis import verify
@@ -69,6 +70,8 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
 
 
 def register(app, get_query) -> None:
+    """Callbacks are async and do their SQL in the thread pool: the collector's event loop keeps
+    serving ingest and the API while a page is being built."""
     app.clientside_callback(VISIBLE_TICK, Output("tick", "data"), Input("interval", "n_intervals"))
 
     @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
@@ -77,8 +80,8 @@ def register(app, get_query) -> None:
 
     @app.callback(Output("runs-container", "children"), Input("tick", "data"), Input("runs-search", "value"),
                   Input("runs-sort", "value"))
-    def refresh_runs(_tick, search, sort):
-        runs = get_query().list_runs()
+    async def refresh_runs(_tick, search, sort):
+        runs = await run_in_threadpool(get_query().list_runs)
         if not runs:
             return html.P("No runs yet: wrap a loader with starvewatch.watch(loader) and start training.")
         return views.runs_table(runs, search, sort or "started")
@@ -90,8 +93,8 @@ def register(app, get_query) -> None:
         Output("histogram-graph", "figure"), Output("recommendations", "children"), Output("workers", "children"),
         Output("ranks", "children"), Output("config", "children"),
         Input("tick", "data"), Input("loader-select", "value"), State("run-id", "data"))
-    def refresh_run(_tick, loader, run_id):
-        view = run_view(get_query(), run_id, loader)
+    async def refresh_run(_tick, loader, run_id):
+        view = await run_in_threadpool(run_view, get_query(), run_id, loader)
         if view["missing"]:
             return (html.H2(f"Unknown run {run_id}"),) + (no_update,) * 12
         return (view["title"], view["banner"], view["kpis"], view["loader_options"], view["loader"],
@@ -99,17 +102,18 @@ def register(app, get_query) -> None:
                 view["workers"], view["ranks"], view["config"])
 
     @app.callback(Output("compare-a", "options"), Output("compare-b", "options"), Input("tick", "data"))
-    def compare_options(_tick):
-        options = [{"label": f"{r['name']} — {r['id']}", "value": r["id"]} for r in get_query().list_runs()]
+    async def compare_options(_tick):
+        runs = await run_in_threadpool(get_query().list_runs)
+        options = [{"label": f"{r['name']} — {r['id']}", "value": r["id"]} for r in runs]
         return options, options
 
     @app.callback(Output("compare-result", "children"), Input("compare-a", "value"), Input("compare-b", "value"))
-    def compare(a, b):
+    async def compare(a, b):
         if not a or not b:
             return html.P("Pick a run before and a run after a change.")
         query = get_query()
         try:
-            before, after = query.summary(a), query.summary(b)
+            before, after = await run_in_threadpool(lambda: (query.summary(a), query.summary(b)))
         except NotFound as exc:
             return html.P(str(exc))
         return views.compare_panel(before, after, verify(before, after))

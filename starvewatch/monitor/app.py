@@ -30,7 +30,8 @@ TOKEN_COOKIE = "starvewatch_token"
 
 
 class FastJSONResponse(Response):
-    """orjson-rendered JSON (series of thousands of points are the common answer here)."""
+    """orjson-rendered JSON. Routes return it directly: a plain dict would first go through
+    FastAPI's jsonable_encoder, which costs ~30 ms on a 1000-point series."""
 
     media_type = "application/json"
 
@@ -165,11 +166,11 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     @app.get("/api/v1/runs")
     def list_runs(status: str | None = Q(None, pattern="^(live|stalled|finished|lost)$"),
                   q: str | None = Q(None, max_length=200)):
-        return {"runs": state["query"].list_runs(status=status, search=q)}
+        return FastJSONResponse({"runs": state["query"].list_runs(status=status, search=q)})
 
     @app.get("/api/v1/runs/{run_id}")
     def run_detail(run_id: str):
-        return state["query"].detail(run_id)
+        return FastJSONResponse(state["query"].detail(run_id))
 
     @app.delete("/api/v1/runs/{run_id}")
     def delete_run(run_id: str):
@@ -179,28 +180,28 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
 
     @app.get("/api/v1/runs/{run_id}/summary")
     def summary(run_id: str, rank: int | None = Q(None, ge=0)):
-        return state["query"].summary(run_id, rank)
+        return FastJSONResponse(state["query"].summary(run_id, rank))
 
     @app.get("/api/v1/runs/{run_id}/steps")
     def steps(run_id: str, after: int = Q(0, ge=0), limit: int = Q(10_000, ge=1, le=100_000),
               loader: str | None = None):
-        return state["query"].steps_page(run_id, after=after, limit=limit, loader=loader)
+        return FastJSONResponse(state["query"].steps_page(run_id, after=after, limit=limit, loader=loader))
 
     @app.get("/api/v1/runs/{run_id}/series")
     def series(run_id: str, loader: str | None = None, rank: int | None = Q(None, ge=0),
                points: int = Q(500, ge=1, le=10_000)):
-        return state["query"].rollup_series(run_id, loader=loader, rank=rank, points=points)
+        return FastJSONResponse(state["query"].rollup_series(run_id, loader=loader, rank=rank, points=points))
 
     @app.get("/api/v1/runs/{run_id}/steps/series")
     def step_series(run_id: str, loader: str = "train", rank: int = Q(0, ge=0),
                     points: int = Q(1000, ge=1, le=10_000)):
-        return state["query"].step_series(run_id, loader=loader, rank=rank, points=points)
+        return FastJSONResponse(state["query"].step_series(run_id, loader=loader, rank=rank, points=points))
 
     @app.get("/api/v1/runs/{run_id}/events/{kind}")
     def events(run_id: str, kind: str, since_ns: int = Q(0, ge=0), limit: int = Q(5000, ge=1, le=50_000)):
         if kind not in ("samples", "workers", "stalls"):
             raise HTTPException(404, f"unknown event kind {kind!r}: samples, workers or stalls")
-        return {"events": state["query"].events(run_id, kind, since_ns=since_ns, limit=limit)}
+        return FastJSONResponse({"events": state["query"].events(run_id, kind, since_ns=since_ns, limit=limit)})
 
     @app.get("/api/v1/runs/{run_id}/export")
     def export_run(run_id: str, format: str = Q("json", pattern="^(json|csv|md|html)$")):

@@ -1,7 +1,9 @@
 """The read side shared by the API, the CLI and the dashboard: runs, summaries, series."""
 from __future__ import annotations
 
+import functools
 import math
+import threading
 import time
 
 import orjson
@@ -16,10 +18,40 @@ class NotFound(LookupError):
     pass
 
 
+# Ten browsers polling one live run page must cost about one computation, not ten: answers
+# are reused while the run's data has not changed, and for at most this long while it has.
+MAX_STALENESS_S = 0.25
+
+
+def cached(per_run: bool = True):
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(self, *args, **kwargs):
+            version = self.store.versions.get(args[0], 0) if per_run and args else self.store.version
+            key = (fn.__name__, args, tuple(sorted(kwargs.items())))
+            now = time.monotonic()
+            hit = self._cache.get(key)
+            # Time-dependent answers (live/lost status) are refreshed every few seconds anyway.
+            deletions = self.store.deletions
+            if hit is not None and now - hit[1] < 5.0 and hit[3] == deletions and (
+                    hit[0] == version or now - hit[1] < MAX_STALENESS_S):
+                return hit[2]
+            value = fn(self, *args, **kwargs)
+            with self._cache_lock:
+                if len(self._cache) > 2000:
+                    self._cache.clear()
+                self._cache[key] = (version, now, value, deletions)
+            return value
+        return wrapper
+    return decorate
+
+
 class Query:
     def __init__(self, store: Store, lost_after_s: float = 60.0) -> None:
         self.store = store
         self.lost_after_s = lost_after_s
+        self._cache: dict = {}
+        self._cache_lock = threading.Lock()
 
     # ---- runs ------------------------------------------------------------------------------
     def _row(self, run_id: str):
@@ -57,6 +89,7 @@ class Query:
                     world_size=meta.get("world_size", 1), rank=meta.get("rank", 0))
         return meta
 
+    @cached(per_run=True)
     def summary(self, run_id: str, rank: int | None = None) -> dict:
         meta = self.run_meta(run_id)
         loaders = self.store.loader_data(run_id, rank)
@@ -87,6 +120,7 @@ class Query:
             return None
         return overview([(kind, orjson.loads(data)) for kind, data in rows])
 
+    @cached(per_run=False)
     def list_runs(self, status: str | None = None, search: str | None = None) -> list[dict]:
         out = []
         for row in self.store.run_rows():
@@ -111,6 +145,7 @@ class Query:
             })
         return out
 
+    @cached(per_run=True)
     def detail(self, run_id: str) -> dict:
         meta = self.run_meta(run_id)
         streams = self.store.stream_rows(run_id)
@@ -132,9 +167,12 @@ class Query:
     # ---- raw records and series --------------------------------------------------------------
     def steps_page(self, run_id: str, after: int = 0, limit: int = 10_000, loader: str | None = None) -> dict:
         self._row(run_id)
+        span = self.store.step_range(run_id)
+        if span is None:
+            return {"steps": [], "next_after": None}
         sql = ("SELECT rowid, rank, loader, epoch, step, start_ns, wait_ns, compute_ns, other_ns, "
-               "batch_size, gpu_idle_ns FROM steps WHERE run_id = ? AND rowid > ?")
-        args: list = [run_id, after]
+               "batch_size, gpu_idle_ns FROM steps WHERE rowid > ? AND rowid <= ? AND run_id = ?")
+        args: list = [max(after, span[0] - 1), span[1], run_id]
         if loader:
             sql += " AND loader = ?"
             args.append(loader)
@@ -146,6 +184,7 @@ class Query:
         return {"steps": [dict(zip(columns, tuple(r)[1:])) for r in rows],
                 "next_after": rows[-1][0] if len(rows) == limit else None}
 
+    @cached(per_run=True)
     def rollup_series(self, run_id: str, loader: str | None = None, rank: int | None = None,
                       points: int = 500) -> dict:
         """Per-time-bucket wait fraction and throughput from the per-second rollups."""
@@ -180,20 +219,30 @@ class Query:
                         "busy_fraction": (wait + compute + other) / (span * 1e9)})
         return {"bucket_s": width, "points": out}
 
+    RAW_STEP_SERIES_MAX = 100_000
+
+    @cached(per_run=True)
     def step_series(self, run_id: str, loader: str, rank: int = 0, points: int = 1000) -> dict:
-        """Wait and compute per step, downsampled to at most `points` min/mean/max buckets."""
+        """Wait and compute per step, downsampled to at most `points` min/mean/max buckets.
+        Long runs are drawn from the per-second rollups, so a 1M-step run never scans its rows."""
         self._row(run_id)
         db = self.store.reader()
-        lo, hi, n = db.execute("SELECT min(rowid), max(rowid), count(*) FROM steps "
-                               "WHERE run_id = ? AND loader = ? AND rank = ?", (run_id, loader, rank)).fetchone()
+        total = db.execute("SELECT sum(steps) FROM rollups WHERE run_id = ? AND loader = ? AND rank = ?",
+                           (run_id, loader, rank)).fetchone()[0] or 0
+        if total > self.RAW_STEP_SERIES_MAX:
+            return self._step_series_from_rollups(run_id, loader, rank, points)
+        span = self.store.step_range(run_id)
+        lo, hi, n = db.execute("SELECT min(rowid), max(rowid), count(*) FROM steps WHERE rowid BETWEEN ? AND ? "
+                               "AND run_id = ? AND loader = ? AND rank = ?",
+                               (*(span or (0, -1)), run_id, loader, rank)).fetchone()
         if not n:
             return {"bucket_steps": None, "points": [], "epochs": []}
         width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
         rows = db.execute(
             "SELECT (rowid - ?) / ? AS b, min(start_ns), count(*), min(epoch), max(epoch), "
             "min(wait_ns), avg(wait_ns), max(wait_ns), min(compute_ns), avg(compute_ns), max(compute_ns) "
-            "FROM steps WHERE run_id = ? AND loader = ? AND rank = ? GROUP BY b ORDER BY b",
-            (lo, width, run_id, loader, rank)).fetchall()
+            "FROM steps WHERE rowid BETWEEN ? AND ? AND run_id = ? AND loader = ? AND rank = ? "
+            "GROUP BY b ORDER BY b", (lo, width, lo, hi, run_id, loader, rank)).fetchall()
         out, epochs, index = [], [], 0
         last_epoch = None
         for _, start, count, e_min, e_max, wmin, wavg, wmax, cmin, cavg, cmax in rows:
@@ -209,6 +258,33 @@ class Query:
             index += count
         return {"bucket_steps": width, "points": out, "epochs": epochs}
 
+    def _step_series_from_rollups(self, run_id: str, loader: str, rank: int, points: int) -> dict:
+        db = self.store.reader()
+        lo, hi = db.execute("SELECT min(second), max(second) FROM rollups WHERE run_id = ? AND loader = ? "
+                            "AND rank = ?", (run_id, loader, rank)).fetchone()
+        width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
+        rows = db.execute(
+            "SELECT (second - ?) / ? AS b, min(second), sum(steps), sum(wait_ns), sum(compute_ns), "
+            "max(wait_max_ns), min(epoch_min), max(epoch_max) FROM rollups "
+            "WHERE run_id = ? AND loader = ? AND rank = ? GROUP BY b ORDER BY b",
+            (lo, width, run_id, loader, rank)).fetchall()
+        out, epochs, index, last_epoch = [], [], 0, None
+        for _, second, count, wait, compute, wait_max, e_min, e_max in rows:
+            if last_epoch is None or e_max != last_epoch:
+                if last_epoch is None or e_min != last_epoch:
+                    epochs.append({"epoch": e_min, "index": index})
+                if e_max != e_min:
+                    epochs.append({"epoch": e_max, "index": index + count // 2})
+                last_epoch = e_max
+            wait_mean, compute_mean = wait / count / 1e6, compute / count / 1e6
+            out.append({"index": index, "start_ns": second * 1_000_000_000, "count": count,
+                        "wait_ms": [wait_mean, wait_mean, wait_max / 1e6],
+                        "compute_ms": [compute_mean, compute_mean, compute_mean]})
+            index += count
+        return {"bucket_steps": max(1, index // max(1, len(out))), "points": out, "epochs": epochs,
+                "source": "rollups"}
+
+    @cached(per_run=True)
     def events(self, run_id: str, kind: str, since_ns: int = 0, limit: int = 5000) -> list[dict]:
         self._row(run_id)
         rows = self.store.reader().execute(
