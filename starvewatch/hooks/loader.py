@@ -19,17 +19,20 @@ from .introspect import leading_dim
 # loop that breaks drops its iterator (and its worker processes) at once.
 ACTIVE: list = []
 
-# Record layout, a tuple as short as possible (allocation dominates the hot path):
-# ((loader index, epoch), step, start, wait, compute, batch size[, other, gpu token, phases]).
-# The last three only when step(), phase(), nesting or a CUDA event touched the step.
+# Two record layouts, tuples as short as possible (allocation dominates the hot path):
+# fast: ((loader index, epoch), step, t_call, t_return, t_next_call, batch size): raw clock
+#       reads, turned into wait and compute on the shipper thread;
+# full: ((loader index, epoch), step, start, wait, compute, batch size, other, gpu token, phases)
+#       when step(), phase(), nesting, a CUDA event or the epoch's first batch touched the step.
 R_KEY, R_STEP, R_START, R_WAIT, R_COMPUTE, R_BATCH, R_OTHER, R_GPU, R_PHASES = range(9)
+FAST_RECORD_LEN = 6
 
 
 class WatchedIterator:
     """One epoch of a watched loader: every `iter()` of the loader makes a new one."""
 
     __slots__ = ("_it", "_state", "_buffer", "_capacity", "_key", "_epoch", "_step",
-                 "_t_call", "_t_ret", "_wait", "_open", "_marked", "_excluded", "_step_ns",
+                 "_t_call", "_t_ret", "_extra_wait", "_open", "_marked", "_excluded", "_step_ns",
                  "_step_used", "_in_step", "_phases", "_bs", "_first", "_probe_bs", "_startup",
                  "_parent", "_parent_step", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
                  "_cpu_probe", "__weakref__")
@@ -44,6 +47,7 @@ class WatchedIterator:
         state.totals.epochs += 1
         self._step = 0
         self._open = False
+        self._extra_wait = 0  # the epoch's start-up, added to the first step's wait
         self._marked = False  # step(), phase(), a nested loop or a CUDA event touched this step
         self._excluded = 0
         self._step_ns = 0
@@ -100,7 +104,6 @@ class WatchedIterator:
             totals.wait_probe_ns += t_ret - t_call
         self._t_call = t_call
         self._t_ret = t_ret
-        self._wait = t_ret - t_call
         self._open = True
         if token is not None:
             gpu.end(token)
@@ -110,9 +113,15 @@ class WatchedIterator:
             self._first_batch(batch)
         elif self._probe_bs:
             self._bs = leading_dim(batch)
-        if gpu is None and not self._probe_bs:
-            self.__class__ = FastWatchedIterator
+        if gpu is None and not self._probe_bs and not self._marked and not self._extra_wait:
+            self.__class__ = FastWatchedIterator  # (the first step closes here, with its start-up)
         return batch
+
+    def mark(self) -> None:
+        """This step needs the full path (step(), phase(), a nested loop, a CPU probe)."""
+        self._marked = True
+        if type(self) is FastWatchedIterator:
+            self.__class__ = WatchedIterator
 
     def _failed(self, exc: BaseException, t_call: int) -> None:
         t = _now()
@@ -127,11 +136,11 @@ class WatchedIterator:
         if not self._ended:
             self._cpu_probe = True
             if type(self) is FastWatchedIterator:
-                self.__class__ = WatchedIterator
+                self.__class__ = WatchedIterator  # the probe runs on the full path
 
     def _first_batch(self, batch) -> None:
         self._first = False
-        self._wait += self._startup
+        self._extra_wait = self._startup
         self._startup = 0
         if self._probe_bs:
             self._bs = leading_dim(batch)
@@ -154,6 +163,8 @@ class WatchedIterator:
             self._gpu.release(token)
 
     def _close_step(self, t_end: int) -> None:
+        wait = self._t_ret - self._t_call + self._extra_wait
+        self._extra_wait = 0
         loop_ns = t_end - self._t_ret - self._excluded
         if self._step_used:
             compute = self._step_ns
@@ -162,10 +173,10 @@ class WatchedIterator:
             compute, other = (loop_ns if loop_ns > 0 else 0), 0
         buffer = self._buffer
         if len(buffer) < self._capacity:
-            buffer.append((self._key, self._step, self._t_call, self._wait, compute, self._bs,
+            buffer.append((self._key, self._step, self._t_call, wait, compute, self._bs,
                            other, self._token, self._phases))
         else:
-            self._drop(self._wait, compute, other, self._token)
+            self._drop(wait, compute, other, self._token)
         self._step += 1
         self._open = False
         self._marked = False
@@ -189,7 +200,7 @@ class WatchedIterator:
         parent = self._parent() if self._parent is not None else None
         if parent is not None and parent._open and parent._step == self._parent_step:
             parent._excluded += t_end - self._t_epoch
-            parent._marked = True
+            parent.mark()
         self._parent = None
         self._it = None  # never pin a finished inner iterator (it may hold worker processes)
         if ACTIVE and ACTIVE[-1] is self._wref:
@@ -210,36 +221,30 @@ class WatchedIterator:
 
 
 class FastWatchedIterator(WatchedIterator):
-    """The steady state of an epoch: what almost every batch runs. An iterator switches to
-    this class after its first batch when it has no CUDA events and no batch-size probing,
-    so the hot path carries no checks for them."""
+    """The steady state of an epoch: what almost every batch runs. An iterator is switched to
+    this class after a batch with an open, unmarked step, no CUDA events and no batch-size
+    probing, and back to the full path by anything that needs it (`mark()`, an exception, the
+    end of the epoch). So the hot path carries no checks: two clock reads, one append."""
 
     __slots__ = ()
 
     def __next__(self):
         t_call = _now()
-        if self._open:
-            if self._marked:
-                self._close_step(t_call)
-            else:
-                buffer = self._buffer
-                if len(buffer) < self._capacity:
-                    buffer.append((self._key, self._step, self._t_call, self._wait,
-                                   t_call - self._t_ret, self._bs))
-                else:
-                    self._drop(self._wait, t_call - self._t_ret, 0, None)
-                self._step += 1
+        buffer = self._buffer
+        if len(buffer) < self._capacity:
+            buffer.append((self._key, self._step, self._t_call, self._t_ret, t_call, self._bs))
+        else:
+            self._drop(self._t_ret - self._t_call, t_call - self._t_ret, 0, None)
+        self._step += 1
         try:
             batch = next(self._it)
         except BaseException as exc:
-            self._open = False
+            self._open = False  # the step was recorded above
+            self.__class__ = WatchedIterator
             self._failed(exc, t_call)
             raise
-        t_ret = _now()
         self._t_call = t_call
-        self._t_ret = t_ret
-        self._wait = t_ret - t_call
-        self._open = True
+        self._t_ret = _now()
         return batch
 
 
@@ -339,7 +344,7 @@ class _StepTimer:
         it = _target(self._loader)
         if it is not None and it._open and not it._in_step:  # nested: outermost block counts
             it._in_step = True
-            it._marked = True
+            it.mark()
             self._it = it
             self._t0 = _now()
         else:
@@ -387,7 +392,7 @@ class _PhaseTimer:
             phases = it._phases
             if phases is None:
                 phases = it._phases = {}
-                it._marked = True
+                it.mark()
             phases[self.name] = phases.get(self.name, 0) + t - self._t0
         self._it = None
         return False

@@ -15,7 +15,7 @@ from time import perf_counter_ns
 from . import cuda
 from .identity import default_run_name, rank_info, run_id_for, run_metadata
 from .introspect import dataloader_config, is_torch_dataloader
-from .loader import (ACTIVE, WatchedIterable, WatchedIteratorProxy, is_watched,
+from .loader import (ACTIVE, WatchedIterable, WatchedIterator, WatchedIteratorProxy, is_watched,
                      watched_dataloader_class)
 from .settings import HookSettings
 from .shipper import Shipper
@@ -165,7 +165,7 @@ class Session:
         for it in list(self.live_iterators):
             if it._open:
                 it._close_step(now)
-                it._open = False
+            it.__class__ = WatchedIterator  # back to the full path, which sees the closed step
             # Keep a loop that goes on after finish() working, without buffering anything.
             it._capacity = 0
             it._gpu = None

@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from operator import itemgetter
+from operator import itemgetter, sub
 
 from ..schema import EVENTS_SCHEMA, STEP_COLUMNS
 from ..stats import LoaderTotals, RecordStats
 from .cuda import PENDING
-from .loader import R_GPU, R_OTHER, R_PHASES
+from .loader import FAST_RECORD_LEN, R_GPU, R_OTHER, R_PHASES
 from .transport import Delivery, TransportError
 
 DRAIN_SLICE = 4096          # records moved per slice, so the GIL is never held for long
@@ -127,6 +127,15 @@ class Shipper(threading.Thread):
         names = [state.name for state in self.session.loader_list]
         n = len(records)
         col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
+        lengths = set(map(len, records))
+        all_fast = lengths == {FAST_RECORD_LEN}
+        if all_fast:  # raw clock reads: wait and compute from differences
+            t_call, t_ret, t_next = col(2), col(3), col(4)
+            waits, computes = list(map(sub, t_ret, t_call)), list(map(sub, t_next, t_ret))
+        elif FAST_RECORD_LEN in lengths:
+            records = [(r[0], r[1], r[2], r[3] - r[2], r[4] - r[3], r[5]) if len(r) == FAST_RECORD_LEN else r
+                       for r in records]
+            col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
         keys = col(0)
         distinct = set(keys)
         if len(distinct) == 1:  # one loader, one epoch: the usual case
@@ -134,7 +143,7 @@ class Shipper(threading.Thread):
             indexes, epochs = [index] * n, [epoch] * n
         else:
             indexes, epochs = list(map(itemgetter(0), keys)), list(map(itemgetter(1), keys))
-        if max(map(len, records)) <= R_OTHER:  # only fast-path records
+        if all_fast or max(map(len, records)) <= R_OTHER:  # no full records
             others, gpus, phases = [0] * n, [None] * n, []
         else:
             long = lambda i, default: [r[i] if len(r) > i else default for r in records]  # noqa: E731
@@ -148,8 +157,8 @@ class Shipper(threading.Thread):
             "epoch": epochs,
             "step": col(1),
             "start_ns": list(map(self.session.wall_offset_ns.__add__, col(2))),
-            "wait_ns": col(3),
-            "compute_ns": col(4),
+            "wait_ns": waits if all_fast else col(3),
+            "compute_ns": computes if all_fast else col(4),
             "other_ns": others,
             "batch_size": col(5),
             "gpu_idle_ns": gpus,
