@@ -32,7 +32,6 @@ class HostSampler:
         psutil.cpu_times_percent(None)
         self._last = (time.monotonic(), psutil.swap_memory(), self._disk())
         self._children: dict[int, object] = {}
-        self._train_thread_cpu = None
 
     def _disk(self):
         try:
@@ -40,24 +39,7 @@ class HostSampler:
         except (RuntimeError, OSError):
             return None
 
-    def train_thread_cpu_pct(self, native_id: int | None, now: float) -> float | None:
-        """CPU share of the training thread: tells sleeping or I/O waits (data loaded on the
-        training thread with num_workers=0) from busy decoding."""
-        if native_id is None:
-            return None
-        try:
-            times = next((t for t in self.proc.threads() if t.id == native_id), None)
-        except self.ps.Error:
-            return None
-        if times is None:
-            return None
-        busy = times.user_time + times.system_time
-        last, self._train_thread_cpu = self._train_thread_cpu, (now, busy)
-        if last is None or now <= last[0]:
-            return None
-        return 100 * (busy - last[1]) / (now - last[0])
-
-    def sample(self, train_native_id: int | None = None) -> dict:
+    def sample(self) -> dict:
         ps = self.ps
         now = time.monotonic()
         swap, disk = ps.swap_memory(), self._disk()
@@ -74,11 +56,12 @@ class HostSampler:
             shm_used = shm_total = None
         if SHM_LIMIT_BYTES and shm_total:  # a container's smaller limit, or a simulated one
             shm_total = min(shm_total, SHM_LIMIT_BYTES)
+        with self.proc.oneshot():  # one read of /proc/self/stat for both
+            process_cpu, rss = self.proc.cpu_percent(None), self.proc.memory_info().rss
         return {
             "kind": "host", "t_ns": time.time_ns(),
-            "process_cpu_pct": self.proc.cpu_percent(None),
-            "train_thread_cpu_pct": self.train_thread_cpu_pct(train_native_id, now),
-            "process_rss_bytes": self.proc.memory_info().rss,
+            "process_cpu_pct": process_cpu,
+            "process_rss_bytes": rss,
             "cpu_pct": sum(per_core) / len(per_core) if per_core else None,
             "cpu_per_core_pct": per_core,
             "iowait_pct": getattr(times, "iowait", None),
@@ -104,11 +87,12 @@ class HostSampler:
                 self._children[pid] = proc
             elif not proc.is_running():  # psutil checks the start time: catches pid reuse
                 raise ps.NoSuchProcess(pid)
-            status = proc.status()
-            state = {"running": "running", "sleeping": "sleeping", "disk-sleep": "sleeping",
-                     "idle": "sleeping", "zombie": "zombie", "dead": "gone"}.get(status, status)
-            return {"pid": pid, "state": state, "cpu_pct": proc.cpu_percent(None),
-                    "rss_bytes": proc.memory_info().rss if state != "zombie" else None}
+            with proc.oneshot():
+                status = proc.status()
+                state = {"running": "running", "sleeping": "sleeping", "disk-sleep": "sleeping",
+                         "idle": "sleeping", "zombie": "zombie", "dead": "gone"}.get(status, status)
+                return {"pid": pid, "state": state, "cpu_pct": proc.cpu_percent(None),
+                        "rss_bytes": proc.memory_info().rss if state != "zombie" else None}
         except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess) as exc:
             self._children.pop(pid, None)
             return {"pid": pid, "state": "zombie" if isinstance(exc, ps.ZombieProcess) else "gone",
@@ -265,7 +249,7 @@ class Sampler(threading.Thread):
                 if now >= next_host or final:
                     snapshots = {}
                     if host is not None:
-                        self._record("samples", host.sample(self.session.thread_native_id))
+                        self._record("samples", host.sample())
                     for state in list(self.session.loader_list):
                         current = state.current() if state.current is not None else None
                         if current is not None:

@@ -75,7 +75,6 @@ class Session:
         self.rank, self.world_size, self.local_rank = ranks["rank"], ranks["world_size"], ranks["local_rank"]
         self.pid = os.getpid()
         self.thread_id = threading.get_ident()  # the training thread, for stall detection
-        self.thread_native_id = threading.get_native_id()
         self.stream_id = f"{socket.gethostname()}-{self.pid}-{secrets.token_hex(4)}"
         self.started_at = time.time()
         self.ended_at: float | None = None

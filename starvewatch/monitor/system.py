@@ -30,7 +30,6 @@ def overview(events: list[tuple[str, dict]]) -> dict | None:
         "cpu_pct_mean": _mean(e.get("cpu_pct") for e in host),
         "cpu_pct_max": _max(e.get("cpu_pct") for e in host),
         "process_cpu_pct_mean": _mean(e.get("process_cpu_pct") for e in host),
-        "train_thread_cpu_pct_mean": _mean(e.get("train_thread_cpu_pct") for e in host),
         "iowait_pct_mean": _mean(e.get("iowait_pct") for e in host),
         "mem_available_min_bytes": _min(e.get("mem_available_bytes") for e in host),
         "mem_total_bytes": _max(e.get("mem_total_bytes") for e in host),
