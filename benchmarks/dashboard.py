@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.ingest import PRODUCER, free_port, wait_up  # noqa: E402
+from benchmarks.ingest import PRODUCER, running_collector  # noqa: E402
 
 
 def seed(db: Path, steps: int) -> str:
@@ -81,14 +79,7 @@ def main() -> None:
         t0 = time.perf_counter()
         run_id = seed(Path(tmp) / "starvewatch.db", args.steps)
         print(f"seeded {args.steps:,} steps in {time.perf_counter() - t0:.1f} s")
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = dict(os.environ, STARVEWATCH_DIR=tmp, STARVEWATCH_AUTOSTART="0")
-        log = open(Path(tmp) / "collector.log", "wb")
-        server = subprocess.Popen([sys.executable, "-m", "starvewatch", "serve", "--port", str(port), "--dir", tmp],
-                                  env=env, stdout=log, stderr=log)
-        try:
-            wait_up(url)
+        with running_collector(tmp) as (url, env):
             for path in ("summary", "steps/series?loader=train&points=1000", "series?points=300"):
                 t = time.perf_counter()
                 urllib.request.urlopen(f"{url}/api/v1/runs/{run_id}/{path}", timeout=60).read()
@@ -121,10 +112,6 @@ def main() -> None:
             print(f"ingest with 10 clients polling the run page's data: "
                   f"{result['records'] / result['seconds']:,.0f} records/s ({polls[0]} polls served; "
                   f"target >= 100,000)")
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(30)
-            log.close()
 
 
 if __name__ == "__main__":

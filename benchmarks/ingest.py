@@ -12,6 +12,7 @@ Starts a real collector (uvicorn subprocess, SQLite in a temporary directory). T
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -80,64 +81,69 @@ def wait_up(url: str, timeout_s: float = 30) -> None:
     raise SystemExit("collector did not start")
 
 
+@contextlib.contextmanager
+def running_collector(directory: str):
+    """A real collector (uvicorn subprocess) on a free loopback port; stopped by PID on exit."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, STARVEWATCH_DIR=directory, STARVEWATCH_AUTOSTART="0", STARVEWATCH_QUIET="1")
+    with open(Path(directory) / "collector.log", "wb") as log:
+        server = subprocess.Popen([sys.executable, "-m", "starvewatch", "serve", "--port", str(port),
+                                   "--dir", directory], env=env, stdout=log, stderr=log)
+        try:
+            wait_up(url)
+            yield url, env
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--batch", type=int, default=20_000)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = dict(os.environ, STARVEWATCH_DIR=tmp, STARVEWATCH_AUTOSTART="0", STARVEWATCH_QUIET="1")
-        log = open(Path(tmp) / "collector.log", "wb")
-        server = subprocess.Popen([sys.executable, "-m", "starvewatch", "serve", "--port", str(port),
-                                   "--dir", tmp], env=env, stdout=log, stderr=log)
-        try:
-            wait_up(url)
-            out = subprocess.run([sys.executable, "-c", PRODUCER, url, str(args.seconds), str(args.batch)],
-                                 env=env, capture_output=True, text=True, check=True)
-            result = json.loads(out.stdout)
-            rate = result["records"] / result["seconds"]
-            print(f"ingest: {result['records']:,} records in {result['seconds']:.1f} s -> "
-                  f"{rate:,.0f} records/s sustained (target >= 100,000)")
+    with tempfile.TemporaryDirectory() as tmp, running_collector(tmp) as (url, env):
+        out = subprocess.run([sys.executable, "-c", PRODUCER, url, str(args.seconds), str(args.batch)],
+                             env=env, capture_output=True, text=True, check=True)
+        result = json.loads(out.stdout)
+        rate = result["records"] / result["seconds"]
+        print(f"ingest: {result['records']:,} records in {result['seconds']:.1f} s -> "
+              f"{rate:,.0f} records/s sustained (target >= 100,000)")
 
-            loop = subprocess.Popen([sys.executable, "-c", LOOP, str(args.seconds)],
-                                    env=dict(env, STARVEWATCH_URL=url, STARVEWATCH_RUN_NAME="latency"),
-                                    stdout=subprocess.PIPE, text=True)
-            polls: list[tuple[int, int]] = []  # (wall ns, steps counted by the summary API)
-            run_id = None
-            while loop.poll() is None:
-                if run_id is None:
-                    runs = [r for r in get(url + "/api/v1/runs")["runs"] if r["name"] == "latency"]
-                    run_id = runs[0]["id"] if runs else None
-                if run_id is not None:
-                    summary = get(f"{url}/api/v1/runs/{run_id}/summary")
-                    steps = summary["loaders"][0]["steps"] if summary["loaders"] else 0
-                    polls.append((time.time_ns(), steps))
-                time.sleep(0.05)
-            run_id = loop.stdout.read().strip() or run_id
-            ends, after = [], 0
-            while after is not None:
-                page = get(f"{url}/api/v1/runs/{run_id}/steps?limit=100000&after={after}")
-                ends.extend(s["start_ns"] + s["wait_ns"] + s["compute_ns"] for s in page["steps"])
-                after = page["next_after"]
-            delays = []
-            poll_index = 0
-            for k, end_ns in enumerate(ends):
-                while poll_index < len(polls) and polls[poll_index][1] < k + 1:
-                    poll_index += 1
-                if poll_index == len(polls):
-                    break  # counted only after the loop ended: not a live measurement
-                delays.append((polls[poll_index][0] - end_ns) / 1e9)
-            delays.sort()
-            p95 = delays[int(0.95 * (len(delays) - 1))] if delays else float("nan")
-            print(f"delay from a step ending to the summary API counting it: p50 "
-                  f"{delays[len(delays) // 2]:.2f} s, p95 {p95:.2f} s over {len(delays):,} steps "
-                  f"(target <= 1.5 s; includes the 0.5 s ship interval and the 50 ms poll)")
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(30)
-            log.close()
+        loop = subprocess.Popen([sys.executable, "-c", LOOP, str(args.seconds)],
+                                env=dict(env, STARVEWATCH_URL=url, STARVEWATCH_RUN_NAME="latency"),
+                                stdout=subprocess.PIPE, text=True)
+        polls: list[tuple[int, int]] = []  # (wall ns, steps counted by the summary API)
+        run_id = None
+        while loop.poll() is None:
+            if run_id is None:
+                runs = [r for r in get(url + "/api/v1/runs")["runs"] if r["name"] == "latency"]
+                run_id = runs[0]["id"] if runs else None
+            if run_id is not None:
+                summary = get(f"{url}/api/v1/runs/{run_id}/summary")
+                steps = summary["loaders"][0]["steps"] if summary["loaders"] else 0
+                polls.append((time.time_ns(), steps))
+            time.sleep(0.05)
+        run_id = loop.stdout.read().strip() or run_id
+        ends, after = [], 0
+        while after is not None:
+            page = get(f"{url}/api/v1/runs/{run_id}/steps?limit=100000&after={after}")
+            ends.extend(s["start_ns"] + s["wait_ns"] + s["compute_ns"] for s in page["steps"])
+            after = page["next_after"]
+        delays = []
+        poll_index = 0
+        for k, end_ns in enumerate(ends):
+            while poll_index < len(polls) and polls[poll_index][1] < k + 1:
+                poll_index += 1
+            if poll_index == len(polls):
+                break  # counted only after the loop ended: not a live measurement
+            delays.append((polls[poll_index][0] - end_ns) / 1e9)
+        delays.sort()
+        p95 = delays[int(0.95 * (len(delays) - 1))] if delays else float("nan")
+        print(f"delay from a step ending to the summary API counting it: p50 "
+              f"{delays[len(delays) // 2]:.2f} s, p95 {p95:.2f} s over {len(delays):,} steps "
+              f"(target <= 1.5 s; includes the 0.5 s ship interval and the 50 ms poll)")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ import sys
 import pytest
 from playwright.sync_api import sync_playwright
 
-from tests.conftest import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 

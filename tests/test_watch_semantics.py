@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 import starvewatch
 from tests.conftest import shipped_steps

@@ -64,7 +64,6 @@ class Scenario:
         for name, (make, _) in self.loaders.items():
             loaders[name] = starvewatch.watch(DataLoader(make(), **configs[name]), name=name)
         spent = dict.fromkeys(loaders, 0.0)
-        train = next(iter(loaders))
         for _ in range(self.epochs):
             for name, loader in loaders.items():
                 t0 = time.perf_counter()

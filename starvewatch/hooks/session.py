@@ -19,7 +19,7 @@ from .loader import (ACTIVE, WatchedIterable, WatchedIterator, WatchedIteratorPr
                      watched_dataloader_class)
 from .settings import HookSettings
 from .shipper import Shipper
-from .transport import Delivery, HttpTransport, MemoryTransport, Spool
+from .transport import Delivery, HttpTransport, Spool
 
 _LOCK = threading.RLock()
 _SESSION: "Session | None" = None

@@ -1,7 +1,6 @@
 """The collector's FastAPI app, built by `create_app(settings)`."""
 from __future__ import annotations
 
-import asyncio
 import hmac
 import os
 import signal

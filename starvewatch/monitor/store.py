@@ -295,7 +295,6 @@ class Store:
             w = self._writer
             w.execute("BEGIN IMMEDIATE")
             try:
-                streams = [r[0] for r in w.execute("SELECT stream FROM streams WHERE run_id = ?", (run_id,))]
                 found = w.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount > 0
                 for first, last in w.execute("SELECT first_rowid, last_rowid FROM step_blocks WHERE run_id = ?",
                                              (run_id,)).fetchall():
