@@ -198,8 +198,9 @@ def _input_rules(facts: LoaderFacts, t: Thresholds, cuda: bool) -> list[dict]:
                   + (f", capped at {capped} by {facts.cores} usable cores" if capped < needed else "") + ")")
         if facts.workers == 0:
             reason = "num_workers=0 loads every batch on the training thread: " + reason
-        recs.append(_rec(name, "num_workers", facts.workers, suggested, reason,
-                         facts.evidence(workers_needed=needed, cpu_bound_loading=facts.cpu_busy), now / after))
+        if now / after >= t.min_gain:  # only the throughput rules can predict a negligible gain
+            recs.append(_rec(name, "num_workers", facts.workers, suggested, reason,
+                             facts.evidence(workers_needed=needed, cpu_bound_loading=facts.cpu_busy), now / after))
         if facts.workers == 0 and facts.epochs > 1:
             recs.append(_rec(name, "persistent_workers", False, True,
                              "with workers, keep them alive between epochs instead of respawning them",
@@ -227,7 +228,7 @@ def _input_rules(facts: LoaderFacts, t: Thresholds, cuda: bool) -> list[dict]:
         prefetch = cfg.get("prefetch_factor") or 2
         excess = max(0.0, facts.steady_wait - facts.median_wait)
         suggested = min(t.max_prefetch_factor, max(prefetch * 2, math.ceil(prefetch * facts.p99_wait / max(facts.compute, 1e-3))))
-        if suggested > prefetch:
+        if suggested > prefetch and now / max(1e-9, now - excess) >= t.min_gain:
             recs.append(_rec(name, "prefetch_factor", prefetch, suggested,
                              f"waits come in bursts (p99 {facts.p99_wait:.1f} ms vs median {facts.median_wait:.2f} ms) "
                              f"while the workers keep up on average; a deeper queue absorbs them",
@@ -302,9 +303,6 @@ def diagnose(summary: dict, loaders, *, system=None, previous=None, thresholds: 
                              f"the GPU is {gpu_util:.0f}% busy while the loop hardly waits for data: larger "
                              f"batches (or CUDA graphs, torch.compile, fewer small kernels) cut launch overhead",
                              main.evidence(gpu_util_mean=gpu_util), None))
-    recs = [r for r in recs if r["expected_speedup"] is None or r["expected_speedup"] >= t.min_gain
-            or r["parameter"] in ("persistent_workers", "pin_memory") or r["reason"].find("saturated") >= 0
-            or "shared memory" in r["reason"] or "/dev/shm" in r["reason"]]
     recs.sort(key=lambda r: -(r["expected_speedup"] or 0))
     summary["recommendations"] = _valid_together(recs)
     summary["verification"] = verify(previous, summary) if previous else None

@@ -60,15 +60,14 @@ class Query:
             raise NotFound(f"unknown run id {run_id!r}")
         return row
 
-    def active_stalls(self, run_id: str) -> list[dict]:
+    def stalls(self, run_id: str) -> list[dict]:
+        """One entry per stall (the latest event about it: begun, then ended)."""
         rows = self.store.reader().execute(
             "SELECT data FROM events WHERE run_id = ? AND kind = 'stalls' ORDER BY t_ns", (run_id,)).fetchall()
-        stalls: dict[tuple, dict] = {}
-        for (data,) in rows:
-            event = orjson.loads(data)
-            key = (event.get("rank", 0), event.get("loader"), event.get("started_ns"))
-            stalls[key] = event
-        return [e for e in stalls.values() if not e.get("ended_ns")]
+        return _merge_stalls([orjson.loads(data) for (data,) in rows])
+
+    def active_stalls(self, run_id: str) -> list[dict]:
+        return [e for e in self.stalls(run_id) if not e.get("ended_ns")]
 
     def status(self, run_id: str, streams=None, now: float | None = None) -> str:
         streams = streams if streams is not None else self.store.stream_rows(run_id)
@@ -93,9 +92,7 @@ class Query:
     def summary(self, run_id: str, rank: int | None = None) -> dict:
         meta = self.run_meta(run_id)
         loaders = self.store.loader_data(run_id, rank)
-        stalls = [orjson.loads(r[0]) for r in self.store.reader().execute(
-            "SELECT data FROM events WHERE run_id = ? AND kind = 'stalls' ORDER BY t_ns", (run_id,))]
-        return summarize(meta, loaders, stalls=_merge_stalls(stalls), system=self.system_overview(run_id),
+        return summarize(meta, loaders, stalls=self.stalls(run_id), system=self.system_overview(run_id),
                          previous=self.previous_summary(meta))
 
     def previous_summary(self, meta: dict) -> dict | None:
