@@ -7,6 +7,9 @@ run is summarised from a few hundred buckets instead of a scan of every row.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from itertools import repeat
+from operator import add, lshift, mul, rshift
 from dataclasses import dataclass, field
 
 _NUMPY = None
@@ -45,6 +48,18 @@ def bucket_value(index: int) -> float:
     return math.sqrt(lower * upper)
 
 
+def _bucket_counts(positive: list[int]) -> Counter:
+    """bucket_of() for a list of positive ints, without a Python call per value: with e the bit
+    length, frexp's mantissa is v / 2**e, so the sub-bucket int((m - 0.5) * 64) is
+    ((v << 6) >> e) - 32, exactly."""
+    if not positive:
+        return Counter()
+    lengths = list(map(int.bit_length, positive))
+    shifted = map(rshift, map(lshift, positive, repeat(6)), lengths)
+    raw = Counter(map(add, map(mul, lengths, repeat(SUB_BUCKETS)), shifted))
+    return Counter({k - SUB_BUCKETS: n for k, n in raw.items()})
+
+
 class LogHistogram:
     """A sparse log-bucketed histogram of non-negative durations in ns (like DDSketch)."""
 
@@ -64,35 +79,39 @@ class LogHistogram:
         if value_ns > self.maximum:
             self.maximum = value_ns
 
-    def add_many(self, values) -> None:
-        """Add a column of values (numpy when installed: the shipper and the collector
-        handle hundreds of thousands of records a second)."""
+    def add_many(self, values, *, vectorized: bool = False) -> None:
+        """Add a list of values. `vectorized` uses numpy (the collector: hundreds of thousands
+        of records a second); the default uses C-level maps and never releases the GIL, which
+        the training process needs (every GIL release inside a monitor thread costs the
+        training thread a switch, see benchmarks/overhead.py)."""
         if not len(values):
             return
-        np = _numpy()
+        np = _numpy() if vectorized else None
+        table = self.counts
         if np is not None:
             arr = np.asarray(values, dtype=np.int64)
             positive = arr[arr > 0]
             m, e = np.frexp(positive.astype(np.float64))
             idx = e.astype(np.int64) * SUB_BUCKETS + ((m - 0.5) * (2 * SUB_BUCKETS)).astype(np.int64)
             keys, counts = np.unique(idx, return_counts=True)
-            table = self.counts
-            for k, n in zip(keys.tolist(), counts.tolist()):
-                table[k] = table.get(k, 0) + n
+            pairs = zip(keys.tolist(), counts.tolist())
             zeros = len(arr) - len(positive)
-            if zeros:
-                table[-1] = table.get(-1, 0) + zeros
-            self.count += len(arr)
-            self.total += int(arr.sum())
-            top = int(arr.max())
+            total, top = int(arr.sum()), int(arr.max())
         else:
-            table = self.counts
-            for v in values:
-                index = bucket_of(v)
-                table[index] = table.get(index, 0) + 1
-            self.count += len(values)
-            self.total += sum(values)
-            top = max(values)
+            zeros = 0
+            if min(values) <= 0:
+                positive = [v for v in values if v > 0]
+                zeros = len(values) - len(positive)
+            else:
+                positive = values
+            pairs = _bucket_counts(positive).items()
+            total, top = sum(values), max(values)
+        for k, n in pairs:
+            table[k] = table.get(k, 0) + n
+        if zeros:
+            table[-1] = table.get(-1, 0) + zeros
+        self.count += len(values)
+        self.total += total
         if top > self.maximum:
             self.maximum = top
 
@@ -183,9 +202,9 @@ class RecordStats:
     gpu_measured_steps: int = 0
     gpu_loop_ns: int = 0  # wait + compute of the steps that have a GPU measurement
 
-    def add_columns(self, steps, waits, computes, gpu_idles) -> None:
-        self.wait.add_many(waits)
-        self.compute.add_many(computes)
+    def add_columns(self, steps, waits, computes, gpu_idles, *, vectorized: bool = False) -> None:
+        self.wait.add_many(waits, vectorized=vectorized)
+        self.compute.add_many(computes, vectorized=vectorized)
         if 0 in steps:
             self.first_wait.add_many([w for s, w in zip(steps, waits) if s == 0])
         if gpu_idles.count(None) != len(gpu_idles):

@@ -2,7 +2,7 @@
 import os
 import signal
 import time
-import types
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -13,39 +13,21 @@ import starvewatch
 from starvewatch.hooks import nvml
 from starvewatch.hooks.session import current_session
 from tests.conftest import wait_until
+from tests.standins import fake_nvml
+
+
+STANDINS = Path(__file__).parent / "standins"
 
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """Patch nvidia-ml-py's functions with what an 80 GB GPU reports, in NVML's own units."""
+    """The NVML stand-in here and in the sidecar process that samples for this one."""
     nvml.shutdown()
-    handle = object()
-    pid = os.getpid()
-    calls = {"power": 0}
-
-    def power(h):
-        calls["power"] += 1
-        return 312_456  # milliwatts
-
-    patches = {
-        "nvmlInit": lambda: None,
-        "nvmlShutdown": lambda: None,
-        "nvmlDeviceGetCount": lambda: 1,
-        "nvmlDeviceGetHandleByIndex": lambda i: handle,
-        "nvmlDeviceGetName": lambda h: "NVIDIA H100 80GB HBM3",
-        "nvmlDeviceGetUtilizationRates": lambda h: types.SimpleNamespace(gpu=37, memory=12),
-        "nvmlDeviceGetMemoryInfo": lambda h: types.SimpleNamespace(total=85_899_345_920, used=21_474_836_480,
-                                                                   free=64_424_509_440),
-        "nvmlDeviceGetPowerUsage": power,
-        "nvmlDeviceGetClockInfo": lambda h, kind: 1980 if kind == pynvml.NVML_CLOCK_SM else 2619,
-        "nvmlDeviceGetTemperature": lambda h, sensor: 54,
-        "nvmlDeviceGetPcieThroughput": lambda h, counter: 1_500_000 if counter == pynvml.NVML_PCIE_UTIL_RX_BYTES else 20_000,
-        "nvmlDeviceGetComputeRunningProcesses": lambda h: [
-            types.SimpleNamespace(pid=pid, usedGpuMemory=4_294_967_296),
-            types.SimpleNamespace(pid=1, usedGpuMemory=None)],
-    }
-    for name, fn in patches.items():
+    calls: dict = {}
+    for name, fn in fake_nvml.patches(os.getpid(), calls).items():
         monkeypatch.setattr(pynvml, name, fn)
+    monkeypatch.setenv("STARVEWATCH_TEST_FAKE_NVML", str(os.getpid()))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(STANDINS), os.environ.get("PYTHONPATH")])))
     yield calls
     nvml.shutdown()
 

@@ -88,8 +88,8 @@ def _visible_indices(count: int) -> list[int]:
     return out or list(range(count))  # UUIDs or MIG names: fall back to every device
 
 
-def devices() -> list:
-    """(index, handle) of the GPUs this process uses, else the visible ones."""
+def devices(pid: int | None = None) -> list:
+    """(index, handle) of the GPUs process `pid` (default: this one) uses, else the visible ones."""
     if not init():
         return []
     import pynvml
@@ -97,7 +97,7 @@ def devices() -> list:
         count = _call("device count", pynvml.nvmlDeviceGetCount) or 0
         handles = [(i, _call("handle", pynvml.nvmlDeviceGetHandleByIndex, i)) for i in range(count)]
         handles = [(i, h) for i, h in handles if h is not None]
-        pid = os.getpid()
+        pid = pid or os.getpid()
         mine = [(i, h) for i, h in handles
                 if any(p.pid == pid for p in (_call("processes", pynvml.nvmlDeviceGetComputeRunningProcesses, h) or []))]
         if mine:
@@ -108,12 +108,13 @@ def devices() -> list:
     return _state["handles"]
 
 
-def sample() -> list[dict]:
-    """One reading per device, in the units the names say."""
+def sample(pid: int | None = None) -> list[dict]:
+    """One reading per device, in the units the names say; `process_mem_bytes` is process
+    `pid`'s (default: this one; the sidecar passes the training process)."""
     import pynvml
     out = []
-    pid = os.getpid()
-    for index, handle in devices():
+    pid = pid or os.getpid()
+    for index, handle in devices(pid):
         util = _call("utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
         mem = _call("memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
         power_mw = _call("power", pynvml.nvmlDeviceGetPowerUsage, handle)

@@ -24,9 +24,10 @@ def _psutil():
 class HostSampler:
     """Process and machine state, as rates over the last interval."""
 
-    def __init__(self, psutil) -> None:
+    def __init__(self, psutil, pid: int | None = None) -> None:
         self.ps = psutil
-        self.proc = psutil.Process()
+        self.pid = pid or os.getpid()  # the training process (the sidecar samples its parent)
+        self.proc = psutil.Process(self.pid)
         self.proc.cpu_percent(None)
         psutil.cpu_times_percent(None, percpu=True)
         self._last = (time.monotonic(), psutil.swap_memory(), self._disk())
@@ -38,27 +39,13 @@ class HostSampler:
         except (RuntimeError, OSError):
             return None
 
-    # Every /proc read hands the GIL to the training thread and back: fewer reads per tick mean
-    # fewer slightly delayed steps. Swap and disk counters (rates) are read every 4th tick.
-    SLOW_EVERY = 4
-
     def sample(self) -> dict:
         ps = self.ps
         now = time.monotonic()
-        self._ticks = getattr(self, "_ticks", -1) + 1
-        slow = self._ticks % self.SLOW_EVERY == 0
-        rates = {}
-        if slow:
-            swap, disk = ps.swap_memory(), self._disk()
-            then, swap0, disk0 = self._last
-            dt = max(1e-6, now - then)
-            self._last = (now, swap, disk)
-            rates = {
-                "swap_in_bytes_per_s": (swap.sin - swap0.sin) / dt,
-                "swap_out_bytes_per_s": (swap.sout - swap0.sout) / dt,
-                "disk_read_bytes_per_s": (disk.read_bytes - disk0.read_bytes) / dt if disk and disk0 else None,
-                "disk_read_iops": (disk.read_count - disk0.read_count) / dt if disk and disk0 else None,
-            }
+        swap, disk = ps.swap_memory(), self._disk()
+        then, swap0, disk0 = self._last
+        dt = max(1e-6, now - then)
+        self._last = (now, swap, disk)
         # One read of /proc/stat gives per-core busy and iowait.
         per_core_times = ps.cpu_times_percent(None, percpu=True)
         per_core = [100.0 - t.idle - getattr(t, "iowait", 0.0) for t in per_core_times]
@@ -72,7 +59,7 @@ class HostSampler:
             shm_used = shm_total = None
         if SHM_LIMIT_BYTES and shm_total:  # a container's smaller limit, or a simulated one
             shm_total = min(shm_total, SHM_LIMIT_BYTES)
-        with self.proc.oneshot():  # one read of /proc/self/stat for both
+        with self.proc.oneshot():  # one read of /proc/<pid>/stat for both
             process_cpu, rss = self.proc.cpu_percent(None), self.proc.memory_info().rss
         return {
             "kind": "host", "t_ns": time.time_ns(),
@@ -82,7 +69,10 @@ class HostSampler:
             "cpu_per_core_pct": per_core,
             "iowait_pct": iowait,
             "mem_available_bytes": mem.available, "mem_total_bytes": mem.total,
-            **rates,
+            "swap_in_bytes_per_s": (swap.sin - swap0.sin) / dt,
+            "swap_out_bytes_per_s": (swap.sout - swap0.sout) / dt,
+            "disk_read_bytes_per_s": (disk.read_bytes - disk0.read_bytes) / dt if disk and disk0 else None,
+            "disk_read_iops": (disk.read_count - disk0.read_count) / dt if disk and disk0 else None,
             "shm_used_bytes": shm_used, "shm_total_bytes": shm_total,
             "cpu_count": os.cpu_count(),
         }
@@ -94,7 +84,7 @@ class HostSampler:
         try:
             if proc is None:
                 proc = ps.Process(pid)
-                if proc.ppid() != os.getpid():
+                if proc.ppid() != self.pid:
                     raise ps.NoSuchProcess(pid)  # the worker is gone and its pid reused
                 proc.cpu_percent(None)
                 self._children[pid] = proc
@@ -131,7 +121,12 @@ class LoaderWatch:
         self.state = state
         self.previous: list[dict] | None = None
 
-    def sample(self, host: HostSampler | None) -> dict | None:
+    def pids(self) -> list[int]:
+        board = self.state.board
+        return [row["pid"] for row in board.read() if row["pid"]] if board is not None else []
+
+    def sample(self, process_state) -> dict | None:
+        """`process_state(pid)`: that worker's state dict, or None when not known (yet)."""
         board = self.state.board
         if board is None:
             return None
@@ -155,12 +150,15 @@ class LoaderWatch:
                 "cpu_fraction": row["fetch_cpu_ns"] / row["fetch_ns"] if row["fetch_ns"] else None,
                 "samples": row["samples"],
             }
-            if host is not None and row["pid"]:
-                entry.update({k: v for k, v in host.process_state(row["pid"]).items() if k != "pid"})
+            known = process_state(row["pid"]) if row["pid"] else None
+            if known is not None:
+                entry.update({k: v for k, v in known.items() if k != "pid"})
             else:
-                entry.update(state="not_started", cpu_pct=None, rss_bytes=None)
+                entry.update(state="unknown" if row["pid"] else "not_started", cpu_pct=None, rss_bytes=None)
             workers.append(entry)
-        alive = sum(1 for w in workers if w["state"] in ("running", "sleeping"))
+        # A worker whose state is not known yet makes the count unknown, not smaller.
+        alive = (None if any(w["state"] == "unknown" for w in workers)
+                 else sum(1 for w in workers if w["state"] in ("running", "sleeping")))
         return {"t_ns": time.time_ns(), "loader": self.state.name, "workers": workers,
                 "configured_workers": config.get("num_workers"), "alive_workers": alive,
                 "queue_depth": depth, "queue_capacity": capacity or None,
@@ -228,18 +226,122 @@ class StallDetector:
         self.session.emit("stalls", event)
 
 
+class SidecarLink:
+    """The training process's end of the sidecar (hooks/sidecar.py). One non-blocking pipe read
+    per tick; a sidecar that dies or never starts leaves `alive` False and nothing raised."""
+
+    def __init__(self, proc) -> None:
+        self.proc = proc
+        self._fd = proc.stdout.fileno()
+        os.set_blocking(self._fd, False)
+        self._partial = b""
+        self._pids: list[int] | None = None
+        self.alive = True
+
+    @classmethod
+    def start(cls, settings) -> "SidecarLink | None":
+        import json
+        import subprocess
+        config = {"pid": os.getpid(), "host_interval_s": settings.host_interval_s,
+                  "gpu_interval_s": settings.gpu_interval_s}
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "starvewatch.hooks.sidecar", json.dumps(config)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, close_fds=True)
+        except (OSError, ValueError):
+            return None
+        return cls(proc)
+
+    def _parse(self, data: bytes) -> list[dict]:
+        import json
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def readings(self) -> list[dict]:
+        """Everything the sidecar wrote since the last call (usually one read)."""
+        chunks = []
+        while self.alive:
+            try:
+                data = os.read(self._fd, 1 << 20)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:  # EOF: the sidecar exited
+                self.alive = False
+                self.proc.poll()
+                break
+            chunks.append(data)
+            if len(data) < 1 << 20:
+                break
+        return self._parse(b"".join(chunks)) if chunks else []
+
+    def _send(self, message: dict) -> None:
+        import json
+        try:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            self.alive = False
+
+    def watch_pids(self, pids: list[int]) -> None:
+        if pids != self._pids:
+            self._pids = pids
+            self._send({"pids": pids})
+
+    def finish(self, timeout_s: float) -> list[dict]:
+        """Ask for a last reading, collect it, and let the sidecar exit."""
+        import select
+        out: list[dict] = []
+        if self.alive:
+            self._send({"final": True})
+            deadline = time.monotonic() + timeout_s
+            while self.alive and not any(r.get("kind") == "final" for r in out):
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._fd], [], [], left)[0]:
+                    break
+                out += self.readings()
+        self.close()
+        return out
+
+    def close(self) -> None:
+        self.alive = False
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(0.5)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+
+
 class Sampler(threading.Thread):
+    """The training process's sampler thread. System readings come from the sidecar process;
+    what only this process can see (worker boards, queue depth, the training thread's stack
+    for stalls, the CPU probe) is read here, without syscalls. Without a sidecar
+    (STARVEWATCH_SIDECAR=0, or it died) the same readings are taken on this thread."""
+
     def __init__(self, session) -> None:
         super().__init__(name="starvewatch-sampler", daemon=True)
         self.session = session
         self._halt = threading.Event()
         self.loader_watches: dict[str, LoaderWatch] = {}
         self.history: list[tuple[str, dict]] = []  # for the in-process summary's system overview
+        self.link: SidecarLink | None = None
 
     def stop(self) -> None:
         self._halt.set()
         if self.is_alive() and threading.current_thread() is not self:
-            self.join(2)
+            self.join(3)
 
     def _record(self, kind: str, event: dict) -> None:
         self.session.emit(kind, event)
@@ -248,8 +350,9 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         settings = self.session.settings
-        psutil = _psutil()
-        host = HostSampler(psutil) if psutil is not None else None
+        link = self.link = SidecarLink.start(settings) if settings.sidecar else None
+        host, host_tried = None, False
+        process_states: dict[str, dict] = {}
         stalls = StallDetector(self.session)
         host_every, gpu_every = settings.host_interval_s, settings.gpu_interval_s
         next_host = next_gpu = time.monotonic()
@@ -260,28 +363,54 @@ class Sampler(threading.Thread):
             now = time.monotonic()
             try:
                 if now >= next_host or final:
-                    snapshots = {}
+                    if link is not None:
+                        for reading in link.finish(1.5) if final else link.readings():
+                            kind = reading.get("kind")
+                            if kind in ("host", "gpu"):
+                                self._record("samples", reading)
+                            elif kind == "processes":
+                                process_states = reading["states"]
+                        if not link.alive and not final:  # it died: sample on this thread from now on
+                            self._note("sidecar exited; sampling in the training process")
+                            link.close()
+                            link = self.link = None
+                    if link is None and host is None and not host_tried:
+                        host_tried = True
+                        psutil = _psutil()
+                        host = HostSampler(psutil) if psutil is not None else None
                     if host is not None:
                         self._record("samples", host.sample())
+                    lookup = (host.process_state if host is not None
+                              else lambda pid: process_states.get(str(pid)))
+                    snapshots, pids = {}, []
                     for state in list(self.session.loader_list):
                         current = state.current() if state.current is not None else None
                         if current is not None:
                             current.probe_cpu()
                         watch = self.loader_watches.setdefault(state.name, LoaderWatch(state))
-                        snapshot = watch.sample(host)
+                        snapshot = watch.sample(lookup)
                         if snapshot is not None:
                             snapshots[state.name] = snapshot
+                            pids += [w["pid"] for w in snapshot["workers"] if w["pid"]]
                             self._record("workers", snapshot)
+                    if link is not None and not final:
+                        link.watch_pids(sorted(pids))
                     stalls.check(snapshots)
                     # Fixed rate without drift: the next tick is on the grid, skipping missed ones.
                     next_host += host_every * max(1, int((now - next_host) // host_every) + 1)
-                if gpu_enabled and now >= next_gpu:
+                if link is None and gpu_enabled and now >= next_gpu:
                     gpu_enabled = self._sample_gpu()
                     next_gpu += gpu_every * max(1, int((now - next_gpu) // gpu_every) + 1)
             except Exception as exc:  # a sampler problem never reaches the training loop
-                self.session.shipper._note_error(f"sampler: {exc!r}")
+                self._note(f"sampler: {exc!r}")
             if not final:
-                self._halt.wait(max(0.0, min(next_host, next_gpu if gpu_enabled else next_host) - time.monotonic()))
+                wake = next_host if link is not None or not gpu_enabled else min(next_host, next_gpu)
+                self._halt.wait(max(0.0, wake - time.monotonic()))
+        if link is not None:
+            link.close()
+
+    def _note(self, text: str) -> None:
+        self.session.shipper._note_error(text)
 
     def _sample_gpu(self) -> bool:
         from . import nvml

@@ -40,6 +40,7 @@ class HookSettings:
     stall_min_s: float = 10.0
     stall_median_factor: float = 20.0
     quiet: bool = False
+    sidecar: bool = True          # system sampling in a separate process (see hooks/sidecar.py)
 
     @classmethod
     def from_env(cls, *, url: str | None = None, dir: str | os.PathLike | None = None) -> "HookSettings":
@@ -56,6 +57,7 @@ class HookSettings:
             autostart=_flag("STARVEWATCH_AUTOSTART", True),
             disabled=_flag("STARVEWATCH_DISABLED", False),
             quiet=_flag("STARVEWATCH_QUIET", False),
+            sidecar=_flag("STARVEWATCH_SIDECAR", True),
             host_interval_s=float(os.environ.get("STARVEWATCH_HOST_INTERVAL_S", 0.5)),
             gpu_interval_s=float(os.environ.get("STARVEWATCH_GPU_INTERVAL_S", 1.0)),
             stall_min_s=float(os.environ.get("STARVEWATCH_STALL_MIN_S", 10.0)),

@@ -188,7 +188,8 @@ class Store:
             pick = (lambda col: col) if idx is None else (lambda col: [col[i] for i in idx])
             sel = slice(None) if idx is None else np.asarray(idx)
             stats = self._stats(w, rid, batch.stream, name)
-            stats.add_columns(pick(s.step), pick(s.wait_ns), pick(s.compute_ns), pick(s.gpu_idle_ns))
+            stats.add_columns(pick(s.step), pick(s.wait_ns), pick(s.compute_ns), pick(s.gpu_idle_ns),
+                              vectorized=True)
             seconds, inverse = np.unique(start[sel] // 1_000_000_000, return_inverse=True)
             k = len(seconds)
 
