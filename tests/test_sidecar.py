@@ -16,7 +16,8 @@ def _host_samples(session):
 
 
 def _sidecar(session):
-    return wait_until(lambda: session.samplers[0].link, what="the sidecar to start")
+    assert session.sidecar is not None and session.sidecar.alive
+    return session.sidecar
 
 
 def test_the_sidecar_samples_the_training_process_not_itself(memory_run):
@@ -41,7 +42,7 @@ def test_a_dead_sidecar_falls_back_to_sampling_in_process(memory_run):
     link = _sidecar(session)
     wait_until(lambda: _host_samples(session), what="a first host sample")
     os.kill(link.proc.pid, signal.SIGKILL)
-    wait_until(lambda: session.samplers[0].link is None, what="the sampler to notice")
+    wait_until(lambda: not session.sidecar.alive, what="the sampler to notice")
     count = len(_host_samples(session))
     wait_until(lambda: len(_host_samples(session)) >= count + 2, what="host samples taken in-process")
     assert any("sidecar exited" in e for e in session.shipper.errors)
@@ -56,7 +57,7 @@ def test_sidecar_off_samples_in_process(monkeypatch):
     children = psutil.Process().children()
     list(starvewatch.watch(range(3)))
     wait_until(lambda: _host_samples(session), what="a host sample")
-    assert session.samplers[0].link is None
+    assert session.sidecar is None
     assert psutil.Process().children() == children
 
 
@@ -67,9 +68,7 @@ def test_the_sidecar_exits_when_the_training_process_is_killed(tmp_path):
         for _ in starvewatch.watch(range(3)):
             pass
         session = current_session()
-        while session.samplers[0].link is None:
-            time.sleep(0.01)
-        print(session.samplers[0].link.proc.pid, flush=True)
+        print(session.sidecar.proc.pid, flush=True)
         time.sleep(60)
     """)
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
@@ -81,3 +80,57 @@ def test_the_sidecar_exits_when_the_training_process_is_killed(tmp_path):
             assert not sidecar.is_running()
         finally:
             proc.kill()
+
+
+def _loop_until(condition, loader_name="train", what="condition"):
+    """Run a watched loop (real steps) until `condition()` holds; returns the step count."""
+    import time
+    steps, deadline = 0, time.monotonic() + 30
+    for steps, _ in enumerate(starvewatch.watch(range(10**9), name=loader_name), start=1):
+        time.sleep(0.0002)  # a step's work: a few thousand steps a second
+        if steps % 50 == 0:
+            if condition():
+                return steps
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_batches_travel_through_the_sidecar_to_the_collector(collector, monkeypatch):
+    from starvewatch.hooks.session import current_session
+    from starvewatch.hooks.sidecar_link import SidecarDelivery
+    c = collector()
+    monkeypatch.setenv("STARVEWATCH_URL", c.url)
+    starvewatch.init("via-sidecar")
+    session = current_session()
+    assert isinstance(session.shipper.delivery, SidecarDelivery)
+    steps = _loop_until(lambda: session.sidecar.acked_seq >= 2, what="two acknowledged batches")
+    summary = starvewatch.finish()
+    assert summary["loaders"][0]["steps"] == steps
+    remote = c.get(f"/api/v1/runs/{summary['run']['id']}/summary")
+    assert remote["run"]["status"] == "finished" and remote["loaders"][0]["steps"] == steps
+    assert session.sidecar.proc.poll() is not None
+
+
+def test_a_sidecar_killed_mid_run_loses_and_doubles_nothing(collector, monkeypatch):
+    from starvewatch.hooks.session import current_session
+    c = collector()
+    monkeypatch.setenv("STARVEWATCH_URL", c.url)
+    starvewatch.init("sidecar-killed")
+    session = current_session()
+    link = session.sidecar
+    first = _loop_until(lambda: link.acked_seq >= 1, what="a first acknowledged batch")
+    os.kill(link.proc.pid, signal.SIGKILL)
+    # Keep training while it dies: batches sent into the dead pipe are taken over in-process.
+    second = _loop_until(lambda: not link.alive and session.shipper.shipped_records > first + 100,
+                         loader_name="train", what="the take-over")
+    summary = starvewatch.finish()
+    total = first + second
+    assert summary["loaders"][0]["steps"] == total
+    run_id = summary["run"]["id"]
+    assert c.get(f"/api/v1/runs/{run_id}/summary")["loaders"][0]["steps"] == total
+    seen, after = [], 0
+    while after is not None:
+        page = c.get(f"/api/v1/runs/{run_id}/steps?limit=100000&after={after}")
+        seen += [(r["epoch"], r["step"]) for r in page["steps"]]
+        after = page["next_after"]
+    assert len(seen) == len(set(seen)) == total  # every step exactly once

@@ -58,19 +58,34 @@ def _wait_until_up(transport: HttpTransport, timeout_s: float) -> bool:
     return False
 
 
-def connect(session) -> None:
-    settings = session.settings
-    transport: HttpTransport = session.transport
+def find_collector(url: str, directory: Path, transport: HttpTransport, *, autostart: bool,
+                   local_rank: int) -> str:
+    """Probe the collector, start it when it may be started here; 'starvewatch', 'other' or
+    'none'. Runs in the sidecar (or on the shipper thread without one), never on `watch()`."""
     found = probe(transport)
-    if found == "none" and settings.autostart and session.local_rank == 0:
-        host = _loopback_host(settings.url)
+    if found == "none" and autostart and local_rank == 0:
+        host = _loopback_host(url)
         if host is not None:
-            found = _autostart(settings.dir, host, urllib.parse.urlsplit(settings.url).port or 80, transport)
-    elif found == "none" and session.local_rank != 0:
+            found = _autostart(directory, host, urllib.parse.urlsplit(url).port or 80, transport)
+    elif found == "none" and local_rank != 0:
         found = "starvewatch" if _wait_until_up(transport, START_TIMEOUT_S) else "none"
+    return found
+
+
+def connect(session) -> None:
+    """In-process delivery (no sidecar): find the collector, then say where the dashboard is."""
+    settings = session.settings
+    found = find_collector(settings.url, settings.dir, session.transport, autostart=settings.autostart,
+                           local_rank=session.local_rank)
+    if found == "starvewatch":
+        session.shipper.delivery.reset_backoff()
+    announce(session, found)
+
+
+def announce(session, found: str) -> None:
+    settings = session.settings
     if found == "starvewatch":
         session.dashboard_url = f"{settings.url}/runs/{session.run_id}"
-        session.shipper.delivery.reset_backoff()
         if not settings.quiet and session.rank == 0:
             print(f"starvewatch: live dashboard at {session.dashboard_url}", file=sys.stderr, flush=True)
     elif found == "other" and not settings.quiet:

@@ -226,104 +226,6 @@ class StallDetector:
         self.session.emit("stalls", event)
 
 
-class SidecarLink:
-    """The training process's end of the sidecar (hooks/sidecar.py). One non-blocking pipe read
-    per tick; a sidecar that dies or never starts leaves `alive` False and nothing raised."""
-
-    def __init__(self, proc) -> None:
-        self.proc = proc
-        self._fd = proc.stdout.fileno()
-        os.set_blocking(self._fd, False)
-        self._partial = b""
-        self._pids: list[int] | None = None
-        self.alive = True
-
-    @classmethod
-    def start(cls, settings) -> "SidecarLink | None":
-        import json
-        import subprocess
-        config = {"pid": os.getpid(), "host_interval_s": settings.host_interval_s,
-                  "gpu_interval_s": settings.gpu_interval_s}
-        try:
-            proc = subprocess.Popen([sys.executable, "-m", "starvewatch.hooks.sidecar", json.dumps(config)],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, close_fds=True)
-        except (OSError, ValueError):
-            return None
-        return cls(proc)
-
-    def _parse(self, data: bytes) -> list[dict]:
-        import json
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
-
-    def readings(self) -> list[dict]:
-        """Everything the sidecar wrote since the last call (usually one read)."""
-        chunks = []
-        while self.alive:
-            try:
-                data = os.read(self._fd, 1 << 20)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if not data:  # EOF: the sidecar exited
-                self.alive = False
-                self.proc.poll()
-                break
-            chunks.append(data)
-            if len(data) < 1 << 20:
-                break
-        return self._parse(b"".join(chunks)) if chunks else []
-
-    def _send(self, message: dict) -> None:
-        import json
-        try:
-            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-            self.proc.stdin.flush()
-        except (OSError, ValueError):
-            self.alive = False
-
-    def watch_pids(self, pids: list[int]) -> None:
-        if pids != self._pids:
-            self._pids = pids
-            self._send({"pids": pids})
-
-    def finish(self, timeout_s: float) -> list[dict]:
-        """Ask for a last reading, collect it, and let the sidecar exit."""
-        import select
-        out: list[dict] = []
-        if self.alive:
-            self._send({"final": True})
-            deadline = time.monotonic() + timeout_s
-            while self.alive and not any(r.get("kind") == "final" for r in out):
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self._fd], [], [], left)[0]:
-                    break
-                out += self.readings()
-        self.close()
-        return out
-
-    def close(self) -> None:
-        self.alive = False
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(0.5)
-        except Exception:
-            self.proc.kill()
-            self.proc.wait()
-
-
 class Sampler(threading.Thread):
     """The training process's sampler thread. System readings come from the sidecar process;
     what only this process can see (worker boards, queue depth, the training thread's stack
@@ -336,7 +238,6 @@ class Sampler(threading.Thread):
         self._halt = threading.Event()
         self.loader_watches: dict[str, LoaderWatch] = {}
         self.history: list[tuple[str, dict]] = []  # for the in-process summary's system overview
-        self.link: SidecarLink | None = None
 
     def stop(self) -> None:
         self._halt.set()
@@ -350,7 +251,7 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         settings = self.session.settings
-        link = self.link = SidecarLink.start(settings) if settings.sidecar else None
+        link = self.session.sidecar
         host, host_tried = None, False
         process_states: dict[str, dict] = {}
         stalls = StallDetector(self.session)
@@ -364,16 +265,20 @@ class Sampler(threading.Thread):
             try:
                 if now >= next_host or final:
                     if link is not None:
-                        for reading in link.finish(1.5) if final else link.readings():
+                        if link.collector is not None:  # what the sidecar found at the URL
+                            from .collector_link import announce
+                            announce(self.session, link.collector)
+                            link.collector = None
+                        for reading in link.final_readings(1.5) if final else link.take_readings():
                             kind = reading.get("kind")
                             if kind in ("host", "gpu"):
                                 self._record("samples", reading)
                             elif kind == "processes":
                                 process_states = reading["states"]
+                            # ("sampled" marks the end of the final reading)
                         if not link.alive and not final:  # it died: sample on this thread from now on
                             self._note("sidecar exited; sampling in the training process")
-                            link.close()
-                            link = self.link = None
+                            link = None
                     if link is None and host is None and not host_tried:
                         host_tried = True
                         psutil = _psutil()
@@ -406,8 +311,6 @@ class Sampler(threading.Thread):
             if not final:
                 wake = next_host if link is not None or not gpu_enabled else min(next_host, next_gpu)
                 self._halt.wait(max(0.0, wake - time.monotonic()))
-        if link is not None:
-            link.close()
 
     def _note(self, text: str) -> None:
         self.session.shipper._note_error(text)

@@ -19,7 +19,8 @@ from .loader import (ACTIVE, WatchedIterable, WatchedIterator, WatchedIteratorPr
                      watched_dataloader_class)
 from .settings import HookSettings
 from .shipper import Shipper
-from .transport import Delivery, HttpTransport, Spool
+from .sidecar_link import SidecarDelivery, SidecarLink
+from .transport import Delivery, HttpTransport, Spool, dumps
 
 _LOCK = threading.RLock()
 _SESSION: "Session | None" = None
@@ -90,11 +91,20 @@ class Session:
         self._gpu_timer = None
         self._meta: dict | None = None
         self.dashboard_url: str | None = None
-        spool = Spool(settings.dir / "spool" / self.run_id / self.stream_id, settings.spool_max_bytes)
+        self.spool_dir = settings.dir / "spool" / self.run_id / self.stream_id
         if transport is None and settings.url is not None:
             transport = HttpTransport(settings.url, settings.token)
         self.transport = transport
-        self.shipper = Shipper(self, Delivery(transport, spool))
+        self.delivers_over_http = isinstance(transport, HttpTransport)
+        # First uses import modules; importing on the shipper thread would hand the GIL back
+        # and forth with the training loop for a second. Here the loop has not started yet.
+        dumps({"warm": [1]})
+        delivery = Delivery(transport, Spool(self.spool_dir, settings.spool_max_bytes))
+        # System sampling and delivery in a separate process: see hooks/sidecar.py.
+        self.sidecar = SidecarLink.start(self) if settings.sidecar else None
+        if self.sidecar is not None and (transport is None or self.delivers_over_http):
+            delivery = SidecarDelivery(self.sidecar, delivery)
+        self.shipper = Shipper(self, delivery)
         self.samplers: list = []
         self.shipper.start()
 
@@ -155,7 +165,7 @@ class Session:
 
     def on_shipper_start(self, shipper) -> None:
         self.metadata()
-        if self.transport is not None and isinstance(self.transport, HttpTransport):
+        if self.delivers_over_http and not isinstance(shipper.delivery, SidecarDelivery):
             from .collector_link import connect
             connect(self)
 
@@ -253,8 +263,10 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         session.ended_at = time.time()
         for sampler in session.samplers:
             sampler.stop()
-        if session.shipper.stop(session.settings.flush_timeout_s + 0.5) and session.transport is not None:
+        if session.shipper.stop(session.settings.flush_timeout_s + 1.0) and session.transport is not None:
             session.transport.close()
+        if session.sidecar is not None:
+            session.sidecar.close()
         summary = session.summary()
         _LAST_SUMMARY = summary
     if not (session.settings.quiet if quiet is None else quiet):

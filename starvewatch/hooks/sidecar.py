@@ -1,23 +1,33 @@
-"""The sidecar process: samples the host, the DataLoader worker processes and the GPUs (psutil and
-NVML work across processes) for one training process, and hands the readings back on a pipe.
+"""The sidecar process: for one training process, samples the host, its DataLoader workers and
+the GPUs (psutil and NVML work across processes), and delivers its event batches (gzip, HTTP,
+the spool, replay, finding or starting the collector).
 
-Why a process: every /proc read or NVML call releases the GIL, and each time a monitor thread
-takes it back the training thread waits (see benchmarks/overhead.py). Sampling from here, the
-training process's sampler thread does one pipe read per tick instead of a dozen syscalls.
+Why a process: every /proc read, NVML call, socket or file operation releases the GIL, and
+each time a monitor thread takes it back the training thread waits (benchmarks/overhead.py
+measures the effect on p99 step time). With the sidecar, the training process's threads do one
+pipe read and one pipe write per tick. The training side is hooks/sidecar_link.py.
 
-Protocol, one JSON object per line both ways:
-  training -> sidecar (stdin):  {"pids": [worker pids]}, {"final": true}; EOF: exit.
-  sidecar -> training (stdout): {"kind": "host" | "gpu", ...} samples, {"kind": "processes",
-  "states": {pid: state}}, and {"kind": "ready"} once set up, {"kind": "final"} at the end.
-Run as `python -m starvewatch.hooks.agent '<json settings>'`; never imported by the hot path.
+Protocol, one JSON object per line both ways (event batches are JSON without newlines):
+  training -> sidecar (stdin): first line the settings; then event batches ({"schema": ...}),
+      {"pids": [worker pids]}, {"sample": true} (a reading now), {"flush": timeout_s};
+      EOF: spool what is left and exit.
+  sidecar -> training (stdout): {"kind": "host" | "gpu" | "processes" | "sampled"} readings,
+      {"kind": "acked", "seq"} per batch delivered or spooled, {"kind": "flushed"},
+      {"kind": "collector", "found"}.
+Run as `python -m starvewatch.hooks.sidecar`; nothing here is imported by the hot path.
 """
 from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import sys
 import threading
 import time
+from pathlib import Path
+
+EOF_FLUSH_S = 5.0  # after EOF, batches still queued are sent for this long, then spooled
 
 
 class Sidecar:
@@ -31,33 +41,96 @@ class Sidecar:
         self.host = HostSampler(psutil, pid=self.parent_pid) if psutil is not None else None
         self.pids: list[int] = []
         self.halt = threading.Event()
-        self.final = threading.Event()
+        self.sample_now = threading.Event()
+        self.gpu_enabled = True
         self._write_lock = threading.Lock()
+        self.batches: queue.Queue = queue.Queue()
+        self.flush_deadline: float | None = None
+        self.delivery = self.transport = None
+        self.delivery_settings = settings.get("delivery")
+        if self.delivery_settings:
+            from .transport import Delivery, HttpTransport, Spool
+            d = self.delivery_settings
+            self.transport = HttpTransport(d["url"], d.get("token")) if d.get("url") else None
+            self.delivery = Delivery(self.transport, Spool(Path(d["spool_dir"]), int(d["spool_max_bytes"])))
 
-    def send(self, obj: dict) -> bool:
-        line = json.dumps(obj, separators=(",", ":")) + "\n"
+    def send(self, message: dict) -> None:
+        line = json.dumps(message, separators=(",", ":")) + "\n"
         try:
             with self._write_lock:
                 self.out.write(line)
                 self.out.flush()
-            return True
         except (OSError, ValueError):  # the training process is gone
             self.halt.set()
-            return False
 
+    # ---- commands --------------------------------------------------------------------------
     def read_commands(self, stream) -> None:
         for line in stream:
+            if line.startswith(b'{"schema"'):
+                self.batches.put(("batch", line.rstrip(b"\n")))
+                continue
             try:
                 command = json.loads(line)
             except ValueError:
                 continue
             if "pids" in command:
                 self.pids = [int(p) for p in command["pids"]]
-            if command.get("final"):
-                self.final.set()
-                break
-        self.halt.set()  # EOF: the training process closed the pipe or died
+            if command.get("sample"):
+                self.sample_now.set()
+            if "flush" in command:
+                # Applies at once to batches already queued: after it, they go to the spool.
+                self.flush_deadline = time.monotonic() + float(command["flush"])
+                self.batches.put(("flush", None))
+        self.flush_deadline = min(self.flush_deadline or float("inf"), time.monotonic() + EOF_FLUSH_S)
+        self.batches.put(("eof", None))  # EOF: the training process closed the pipe or died
+        self.halt.set()
 
+    # ---- delivery ----------------------------------------------------------------------------
+    def deliver_forever(self) -> None:
+        if self.delivery is None:
+            while self.batches.get()[0] != "eof":
+                pass
+            return
+        if self.transport is not None:
+            from .collector_link import find_collector
+            d = self.delivery_settings
+            found = find_collector(d["url"], Path(d["dir"]), self.transport, autostart=d["autostart"],
+                                   local_rank=int(d.get("local_rank") or 0))
+            if found == "starvewatch":
+                self.delivery.reset_backoff()
+            self.send({"kind": "collector", "found": found})
+        from .transport import TransportError
+        while True:
+            try:
+                kind, body = self.batches.get(timeout=1.0)
+            except queue.Empty:
+                self._replay(None)  # idle: catch up on the spool
+                continue
+            if kind == "batch":
+                try:
+                    payload = json.loads(body)
+                except ValueError:
+                    continue
+                try:
+                    self.delivery.deliver(payload, body, self.flush_deadline)
+                except (OSError, TransportError) as exc:  # a full disk: counted, never fatal
+                    print(f"starvewatch sidecar: {exc}", file=sys.stderr)
+                self.send({"kind": "acked", "seq": payload.get("seq", 0), "dropped": self.delivery.dropped()})
+            elif kind == "flush":
+                self._replay(self.flush_deadline)
+                self.send({"kind": "flushed", "dropped": self.delivery.dropped()})
+                self.flush_deadline = None
+            else:
+                return
+
+    def _replay(self, deadline: float | None) -> None:
+        from .transport import TransportError
+        try:
+            self.delivery.replay(deadline)
+        except (OSError, TransportError) as exc:
+            print(f"starvewatch sidecar: replay: {exc}", file=sys.stderr)
+
+    # ---- sampling ----------------------------------------------------------------------------
     def tick_host(self) -> None:
         if self.host is None:
             return
@@ -65,19 +138,15 @@ class Sidecar:
         states = {str(pid): self.host.process_state(pid) for pid in self.pids}
         self.send({"kind": "processes", "t_ns": time.time_ns(), "states": states})
 
-    def tick_gpu(self) -> bool:
+    def tick_gpu(self) -> None:
         from . import nvml
-        if not nvml.init():
-            return False
-        devices = nvml.sample(self.parent_pid)
+        self.gpu_enabled = nvml.init()
+        devices = nvml.sample(self.parent_pid) if self.gpu_enabled else []
         if devices:
             self.send({"kind": "gpu", "t_ns": time.time_ns(), "devices": devices})
-        return True
 
-    def run(self) -> None:
-        self.send({"kind": "ready", "pid": os.getpid()})
+    def sample_forever(self) -> None:
         next_host = next_gpu = time.monotonic()
-        gpu_enabled = True
         while not self.halt.is_set():
             if os.getppid() != self.parent_pid:  # the training process died (we were re-parented)
                 break
@@ -85,28 +154,31 @@ class Sidecar:
             if now >= next_host:
                 self.tick_host()
                 next_host += self.host_every * max(1, int((now - next_host) // self.host_every) + 1)
-            if gpu_enabled and now >= next_gpu:
-                gpu_enabled = self.tick_gpu()
-                next_gpu += self.gpu_every * max(1, int((now - next_gpu) // self.gpu_every) + 1)
-            self.halt.wait(max(0.0, min(next_host, next_gpu if gpu_enabled else next_host) - time.monotonic()))
-        if self.final.is_set():  # one last reading: short runs get data too
-            self.tick_host()
-            if gpu_enabled:
+            if self.gpu_enabled and now >= next_gpu:
                 self.tick_gpu()
-            self.send({"kind": "final"})
+                next_gpu += self.gpu_every * max(1, int((now - next_gpu) // self.gpu_every) + 1)
+            if self.sample_now.is_set():  # the last reading at finish(): short runs get data too
+                self.sample_now.clear()
+                self.tick_host()
+                if self.gpu_enabled:
+                    self.tick_gpu()
+                self.send({"kind": "sampled"})
+            wake = min(next_host, next_gpu) if self.gpu_enabled else next_host
+            self.sample_now.wait(max(0.0, wake - time.monotonic()))
 
 
-def main(argv: list[str]) -> int:
-    settings = json.loads(argv[1]) if len(argv) > 1 else {"pid": os.getppid()}
-    sidecar = Sidecar(settings, sys.stdout)
-    reader = threading.Thread(target=sidecar.read_commands, args=(sys.stdin,), daemon=True)
-    reader.start()
-    try:
-        sidecar.run()
-    except KeyboardInterrupt:  # the job's Ctrl-C reaches the whole process group
-        pass
+def main() -> int:
+    # Ctrl-C in the terminal reaches the whole process group: the sidecar ends when the
+    # training process closes the pipe (or dies), after spooling what it holds.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stdin = sys.stdin.buffer
+    sidecar = Sidecar(json.loads(stdin.readline()), sys.stdout)
+    threading.Thread(target=sidecar.read_commands, args=(stdin,), daemon=True).start()
+    sampler = threading.Thread(target=sidecar.sample_forever, daemon=True)
+    sampler.start()
+    sidecar.deliver_forever()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(main())

@@ -121,6 +121,17 @@ class Spool:
         self.dropped_payloads = 0
         self.dropped_records = 0
         self._bytes = None
+        self._dir_ready = False
+        # Whether files may be waiting: kept in memory, so a healthy delivery never lists the
+        # directory (each syscall on the shipper thread costs the training thread a GIL switch).
+        # The collector can ingest the spool itself, so True is a hint that replay corrects.
+        self._maybe_pending: bool | None = None
+
+    @property
+    def maybe_pending(self) -> bool:
+        if self._maybe_pending is None:
+            self._maybe_pending = bool(self._files())
+        return self._maybe_pending
 
     def _files(self) -> list[Path]:
         try:
@@ -129,18 +140,28 @@ class Spool:
             return []
 
     def pending(self) -> list[Path]:
-        return self._files()
+        files = self._files()
+        self._maybe_pending = bool(files)
+        return files
 
     def write(self, seq: int, body: bytes, records: int) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self._dir_ready:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._dir_ready = True
         data = gzip.compress(body, compresslevel=1)
         self._make_room(len(data))
         final = self.directory / f"{seq:012d}.json.gz"
         tmp = final.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
+        try:
+            f = open(tmp, "wb")
+        except FileNotFoundError:  # the directory was removed under us (an import, a cleanup)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            f = open(tmp, "wb")
+        with f:
             f.write(data)
         os.replace(tmp, final)  # atomic: a reader never sees half a batch
         self._bytes = (self._bytes or 0) + len(data)
+        self._maybe_pending = True
 
     def _make_room(self, incoming: int) -> None:
         if self._bytes is None:
@@ -191,7 +212,7 @@ class Delivery:
         self.last_error: str | None = None
 
     def _backlog(self) -> bool:
-        return bool(self.spool.pending())
+        return self.spool.maybe_pending
 
     def _failed(self, exc: Exception) -> None:
         self.failures += 1
@@ -207,10 +228,13 @@ class Delivery:
         self._backoff_s = self.min_backoff_s
         self._retry_at = 0.0
 
-    def deliver(self, payload: dict) -> None:
-        body = dumps(payload)
+    def deliver(self, payload: dict, body: bytes | None = None, deadline: float | None = None) -> None:
+        """Send one batch, or spool it: when the collector is down, backing off, behind a
+        backlog (order matters), or the flush `deadline` (monotonic) has passed."""
+        body = body if body is not None else dumps(payload)
         records = len(payload.get("steps", {}).get("step", ()))
-        if self.transport is None or time.monotonic() < self._retry_at or self._backlog():
+        if self.transport is None or time.monotonic() < self._retry_at or self._backlog() \
+                or (deadline is not None and time.monotonic() > deadline):
             self.spool.write(payload["seq"], body, records)
             return
         try:
@@ -223,12 +247,20 @@ class Delivery:
             self._failed(exc)
             self.spool.write(payload["seq"], body, records)
 
+    def dropped(self) -> dict:
+        return {"spool_payloads": self.spool.dropped_payloads, "spool_records": self.spool.dropped_records}
+
+    def flush(self, deadline: float) -> bool:
+        return self.replay(deadline)
+
     def replay(self, deadline: float | None = None) -> bool:
         """Send spooled batches oldest first; True when the spool is empty."""
         if self.transport is None:
             return False
         if time.monotonic() < self._retry_at:
             return False
+        if not self.spool.maybe_pending:
+            return True
         for path in self.spool.pending():
             if deadline is not None and time.monotonic() > deadline:
                 return False
@@ -249,4 +281,5 @@ class Delivery:
                 self._failed(exc)
                 return False
             self.spool.remove(path)
+        self.spool.pending()  # refresh the hint (a batch may have been spooled meanwhile)
         return True
