@@ -7,9 +7,7 @@ run is summarised from a few hundred buckets instead of a scan of every row.
 from __future__ import annotations
 
 import math
-from collections import Counter
-from itertools import repeat
-from operator import add, lshift, mul, rshift
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 _NUMPY = None
@@ -48,16 +46,25 @@ def bucket_value(index: int) -> float:
     return math.sqrt(lower * upper)
 
 
-def _bucket_counts(positive: list[int]) -> Counter:
-    """bucket_of() for a list of positive ints, without a Python call per value: with e the bit
-    length, frexp's mantissa is v / 2**e, so the sub-bucket int((m - 0.5) * 64) is
-    ((v << 6) >> e) - 32, exactly."""
-    if not positive:
-        return Counter()
-    lengths = list(map(int.bit_length, positive))
-    shifted = map(rshift, map(lshift, positive, repeat(6)), lengths)
-    raw = Counter(map(add, map(mul, lengths, repeat(SUB_BUCKETS)), shifted))
-    return Counter({k - SUB_BUCKETS: n for k, n in raw.items()})
+def _bucket_start(index: int) -> int:
+    """The smallest integer in bucket `index` (its values v have (v << 6) >> e == 32 + sub)."""
+    e, sub = divmod(index, SUB_BUCKETS)
+    return -(-((SUB_BUCKETS + sub) << e) // (2 * SUB_BUCKETS))  # ceil((32 + sub) * 2**e / 64)
+
+
+def _bucket_counts(positive: list[int]) -> dict[int, int]:
+    """bucket_of() for a list of positive ints, without a Python call per value: sort (C), then
+    one bisect per bucket touched (a few dozen), so the training process's shipper spends
+    about 0.1 us per value and never releases the GIL (numpy would)."""
+    ordered = sorted(positive)
+    out: dict[int, int] = {}
+    i, n = 0, len(ordered)
+    while i < n:
+        index = bucket_of(ordered[i])
+        j = bisect_left(ordered, _bucket_start(index + 1), i)
+        out[index] = j - i
+        i = j
+    return out
 
 
 class LogHistogram:

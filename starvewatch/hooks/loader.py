@@ -25,7 +25,8 @@ ACTIVE: list = []
 # full: ((loader index, epoch), step, start, wait, compute, batch size, other, gpu token, phases)
 #       when step(), phase(), nesting, a CUDA event or the epoch's first batch touched the step.
 R_KEY, R_STEP, R_START, R_WAIT, R_COMPUTE, R_BATCH, R_OTHER, R_GPU, R_PHASES = range(9)
-FAST_RECORD_LEN = 6
+FAST_RECORD_LEN = 6   # (key, step, t_call, t_ret, t_next, batch size): raw clock reads
+FULL_RECORD_LEN = 9   # (key, step, t_start, wait, compute, batch size, other, gpu, phases)
 
 
 class WatchedIterator:

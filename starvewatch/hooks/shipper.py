@@ -10,13 +10,24 @@ from operator import itemgetter, sub
 from ..schema import EVENTS_SCHEMA, STEP_COLUMNS
 from ..stats import LoaderTotals, RecordStats
 from .cuda import PENDING
-from .loader import FAST_RECORD_LEN, R_GPU, R_OTHER, R_PHASES
+from .loader import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT
 from .transport import Delivery, TransportError
 
 DRAIN_SLICE = 16384         # records moved per slice (about 1.5 ms), so the GIL is never held for long
 HEARTBEAT_S = 2.0           # an idle process still says it is alive this often
 GPU_PENDING_LIMIT_S = 30.0  # an event pair never completed by then yields no measurement
 GPU_FINAL_WAIT_S = 1.5      # at finish(), how long queued GPU work may take to drain
+
+
+def _positions(values: list, value) -> list[int]:
+    """Indexes of `value` in `values`: C-level scans, one Python step per match (few)."""
+    out, i = [], -1
+    try:
+        while True:
+            i = values.index(value, i + 1)
+            out.append(i)
+    except ValueError:
+        return out
 
 
 class Shipper(threading.Thread):
@@ -121,19 +132,21 @@ class Shipper(threading.Thread):
         return plain + ready
 
     def _columns(self, records: list[tuple]) -> dict:
-        """Records to wire columns with C-level itemgetter maps (about 5x a Python loop)."""
+        """Records to wire columns with C-level itemgetter maps (about 5x a Python loop). Most
+        records are raw clock reads from the fast path; the few from the general path (a CPU
+        probe, an epoch's first step, `step()` users, GPU events) carry durations and extras
+        and are patched in by position."""
         names = [state.name for state in self.session.loader_list]
         n = len(records)
         col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
-        lengths = set(map(len, records))
-        all_fast = lengths == {FAST_RECORD_LEN}
-        if all_fast:  # raw clock reads: wait and compute from differences
-            t_call, t_ret, t_next = col(2), col(3), col(4)
-            waits, computes = list(map(sub, t_ret, t_call)), list(map(sub, t_next, t_ret))
-        elif FAST_RECORD_LEN in lengths:
-            records = [(r[0], r[1], r[2], r[3] - r[2], r[4] - r[3], r[5]) if len(r) == FAST_RECORD_LEN else r
-                       for r in records]
-            col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
+        t_call, t3, t4 = col(2), col(3), col(4)
+        waits, computes = list(map(sub, t3, t_call)), list(map(sub, t4, t3))
+        others, gpus, phases = [0] * n, [None] * n, []
+        for i in _positions(list(map(len, records)), FULL_RECORD_LEN):
+            r = records[i]
+            waits[i], computes[i], others[i], gpus[i] = r[R_WAIT], r[R_COMPUTE], r[R_OTHER], r[R_GPU]
+            if r[R_PHASES]:
+                phases += [[names[r[0][0]], r[0][1], r[1], name, ns] for name, ns in r[R_PHASES].items()]
         keys = col(0)
         distinct = set(keys)
         if len(distinct) == 1:  # one loader, one epoch: the usual case
@@ -141,22 +154,14 @@ class Shipper(threading.Thread):
             indexes, epochs = [index] * n, [epoch] * n
         else:
             indexes, epochs = list(map(itemgetter(0), keys)), list(map(itemgetter(1), keys))
-        if all_fast or max(map(len, records)) <= R_OTHER:  # no full records
-            others, gpus, phases = [0] * n, [None] * n, []
-        else:
-            long = lambda i, default: [r[i] if len(r) > i else default for r in records]  # noqa: E731
-            others, gpus = long(R_OTHER, 0), long(R_GPU, None)
-            phases = [[names[r[0][0]], r[0][1], r[1], name, ns]
-                      for r in records if len(r) > R_PHASES and r[R_PHASES]
-                      for name, ns in r[R_PHASES].items()]
         return {
             "index": indexes,
             "loader": list(map(names.__getitem__, indexes)) if len(distinct) > 1 else [names[indexes[0]]] * n,
             "epoch": epochs,
             "step": col(1),
-            "start_ns": list(map(self.session.wall_offset_ns.__add__, col(2))),
-            "wait_ns": waits if all_fast else col(3),
-            "compute_ns": computes if all_fast else col(4),
+            "start_ns": list(map(self.session.wall_offset_ns.__add__, t_call)),
+            "wait_ns": waits,
+            "compute_ns": computes,
             "other_ns": others,
             "batch_size": col(5),
             "gpu_idle_ns": gpus,
