@@ -13,10 +13,16 @@ from .cuda import PENDING
 from .loader import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT
 from .transport import Delivery, TransportError
 
-DRAIN_SLICE = 16384         # records moved per slice (about 1.5 ms), so the GIL is never held for long
+CHUNK = 2048                # records processed per GIL hold (a few ms at most)
 HEARTBEAT_S = 2.0           # an idle process still says it is alive this often
 GPU_PENDING_LIMIT_S = 30.0  # an event pair never completed by then yields no measurement
 GPU_FINAL_WAIT_S = 1.5      # at finish(), how long queued GPU work may take to drain
+
+
+def _concat(batch: dict, more: dict) -> dict:
+    for name, values in more.items():
+        batch[name].extend(values)
+    return batch
 
 
 def _positions(values: list, value) -> list[int]:
@@ -85,23 +91,12 @@ class Shipper(threading.Thread):
             self.errors.append(text)
 
     # ---- one cycle ------------------------------------------------------------------------
-    def _drain(self) -> list[tuple]:
-        """What the buffer held when the cycle began, in slices. Only that much: a loop that
-        appends faster than slices are taken must not keep one cycle from ever ending."""
-        buffer = self.session.buffer
-        out: list[tuple] = []
-        popleft = buffer.popleft
-        left = len(buffer)
-        while left > 0:
-            n = min(DRAIN_SLICE, left)
-            try:
-                out.extend(popleft() for _ in range(n))
-            except IndexError:
-                break
-            left -= n
-            if left:
-                time.sleep(0)  # let the training thread run between slices
-        return out
+    def _take(self, n: int) -> list[tuple]:
+        popleft = self.session.buffer.popleft
+        try:
+            return [popleft() for _ in range(n)]
+        except IndexError:  # pragma: no cover - only this thread pops
+            return []
 
     def _resolve_gpu(self, records: list[tuple], final: bool) -> list[tuple]:
         """Replace event tokens by GPU idle ns; hold back records whose events are pending."""
@@ -169,33 +164,35 @@ class Shipper(threading.Thread):
         }
 
     def cycle(self, final: bool = False) -> None:
+        """Ship what the buffer held when the cycle began, in chunks of CHUNK records with the
+        GIL handed back between them: C-level maps over a big backlog would otherwise hold it
+        for tens of milliseconds. Only that much: a loop that appends faster than chunks are
+        taken must not keep one cycle from ever ending."""
         session = self.session
-        records = self._drain()
-        if self._pending_gpu or (records and session.gpu_timer_if_any() is not None):
-            records = self._resolve_gpu(records, final)
-        # One cycle runs in one go (about a millisecond for 500 records): a training loop
-        # then sees one slightly longer step per cycle, rather than several (see the p99 in
-        # benchmarks/overhead.py). Large backlogs are still drained in slices.
-        columns = self._columns(records) if records else None
-        if columns is not None:
-            self._update_stats(columns)
-        extra = session.drain_events()
         limit = session.settings.max_batch_records
         deadline = time.monotonic() + session.settings.flush_timeout_s if final else None
-        now = time.monotonic()
-        starts = list(range(0, len(records), limit)) or [0]
-        for number, start in enumerate(starts):
-            last = number == len(starts) - 1
-            if columns is None and not extra and not final and self._meta_sent \
-                    and now - self._last_sent < HEARTBEAT_S:
-                continue
-            chunk = ({name: columns[name][start:start + limit] for name in STEP_COLUMNS}
-                     if columns is not None else {name: [] for name in STEP_COLUMNS})
-            payload = self._payload(chunk, columns["phases"] if columns and number == 0 else [],
-                                    extra if number == 0 else {}, final and last)
-            self.delivery.deliver(payload, deadline=deadline)
-            self.shipped_records += len(chunk["step"])
-            self._last_sent = now
+        extra = session.drain_events()
+        left = len(session.buffer)
+        batch, sent = None, False
+        while True:
+            n = min(CHUNK, left)
+            left -= n
+            records = self._take(n)
+            if self._pending_gpu or (records and session.gpu_timer_if_any() is not None):
+                records = self._resolve_gpu(records, final and left <= 0)
+            if records:
+                columns = self._columns(records)
+                self._update_stats(columns)
+                batch = columns if batch is None else _concat(batch, columns)
+            if batch is not None and (len(batch["step"]) >= limit or left <= 0):
+                self._send(batch, extra, final and left <= 0, deadline)
+                batch, extra, sent = None, {}, True
+            if left <= 0:
+                break
+            time.sleep(0)  # the training thread runs between chunks
+        heartbeat_due = time.monotonic() - self._last_sent >= HEARTBEAT_S
+        if not sent and (extra or final or not self._meta_sent or heartbeat_due):
+            self._send({name: [] for name in (*STEP_COLUMNS, "phases")}, extra, final, deadline)
         try:
             if final:
                 self.delivery.flush(deadline)
@@ -203,6 +200,12 @@ class Shipper(threading.Thread):
                 self.delivery.replay()
         except TransportError as exc:
             self._note_error(str(exc))
+
+    def _send(self, columns: dict, extra: dict, final: bool, deadline: float | None) -> None:
+        steps = {name: columns[name] for name in STEP_COLUMNS}
+        self.delivery.deliver(self._payload(steps, columns["phases"], extra, final), deadline=deadline)
+        self.shipped_records += len(steps["step"])
+        self._last_sent = time.monotonic()
 
     def _update_stats(self, columns: dict) -> None:
         indexes = columns["index"]
