@@ -64,6 +64,7 @@ def dataloader_slowdown(batches: int, repeats: int) -> tuple[float, float]:
     data = TensorDataset(torch.randn(batches * 64, 8))
 
     monitor_cpu, sidecar_cpu = [], []
+    thread_cpu: dict[bool, list[float]] = {False: [], True: []}  # the training thread's own CPU
 
     def run(watched: bool) -> float:
         loader = DataLoader(data, batch_size=64, num_workers=0)
@@ -72,10 +73,11 @@ def dataloader_slowdown(batches: int, repeats: int) -> tuple[float, float]:
             loader = starvewatch.watch(loader)
             ids = [session.shipper.native_id] + [s.native_id for s in session.samplers]
             cpu0, sidecar0 = threads_cpu_s(ids), sidecar_cpu_s(session)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         for _ in loader:
             pass
         elapsed = time.perf_counter() - t
+        thread_cpu[watched].append(time.thread_time() - c)
         if watched:
             monitor_cpu.append((threads_cpu_s(ids) - cpu0) / elapsed)
             sidecar_cpu.append((sidecar_cpu_s(session) - sidecar0) / elapsed)
@@ -93,8 +95,9 @@ def dataloader_slowdown(batches: int, repeats: int) -> tuple[float, float]:
         bare_times.append(times[False])
         watched_times.append(times[True])
         ratios.append(times[True] / times[False])
+    cpu_ratios = [w / b for b, w in zip(thread_cpu[False][1:], thread_cpu[True])]
     return (statistics.median(bare_times), statistics.median(watched_times), statistics.median(ratios),
-            statistics.median(monitor_cpu), statistics.median(sidecar_cpu))
+            statistics.median(monitor_cpu), statistics.median(sidecar_cpu), statistics.median(cpu_ratios))
 
 
 def sidecar_cpu_s(session) -> float:
@@ -165,12 +168,13 @@ def main() -> None:
           f"-> {watched - bare:.0f} ns added per batch in wall time (target <= 1000); the training "
           f"thread's own CPU: {watched_cpu - bare_cpu:.0f} ns added per batch")
 
-    bare_s, watched_s, ratio, cpu_share, sidecar_share = dataloader_slowdown(batches, repeats * 2)
+    bare_s, watched_s, ratio, cpu_share, sidecar_share, cpu_ratio = dataloader_slowdown(batches, repeats * 2)
     print(f"DataLoader(TensorDataset, batch_size=64, num_workers=0), {batches:,} batches: median "
           f"{bare_s:.3f} s bare, {watched_s:.3f} s watched; median of paired ratios "
           f"{100 * (ratio - 1):+.2f}% (target <= 1%); the monitor's threads used "
           f"{100 * cpu_share:.2f}% of the loop's time in CPU (the sidecar process, on another core: "
-          f"{100 * sidecar_share:.2f}%)")
+          f"{100 * sidecar_share:.2f}%); the training thread's own CPU time: {100 * (cpu_ratio - 1):+.2f}% "
+          f"(median of paired ratios)")
 
     # 30 s of steps on each side, in short segments that alternate (bare, watched, watched,
     # bare, ...): this shared VM has bursts of noise lasting seconds, and a burst then hits
