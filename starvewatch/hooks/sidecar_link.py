@@ -46,9 +46,12 @@ class SidecarLink:
                       "url": settings.url, "token": settings.token, "dir": str(settings.dir),
                       "spool_dir": str(session.spool_dir), "spool_max_bytes": settings.spool_max_bytes,
                       "autostart": settings.autostart, "local_rank": session.local_rank}}
+        # The package as this process imported it, even when a script put it on sys.path.
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
         try:
             proc = subprocess.Popen([sys.executable, "-m", "starvewatch.hooks.sidecar"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                     stderr=subprocess.DEVNULL, close_fds=True)
         except (OSError, ValueError):
             return None
