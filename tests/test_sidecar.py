@@ -134,3 +134,25 @@ def test_a_sidecar_killed_mid_run_loses_and_doubles_nothing(collector, monkeypat
         seen += [(r["epoch"], r["step"]) for r in page["steps"]]
         after = page["next_after"]
     assert len(seen) == len(set(seen)) == total  # every step exactly once
+
+
+def test_a_frozen_sidecar_is_replaced_and_nothing_is_lost(collector, monkeypatch):
+    from starvewatch.hooks.session import current_session
+    from starvewatch.hooks.sidecar_link import SidecarLink
+    monkeypatch.setattr(SidecarLink, "WRITE_TIMEOUT_S", 1.0)
+    c = collector()
+    monkeypatch.setenv("STARVEWATCH_URL", c.url)
+    starvewatch.init("sidecar-frozen")
+    session = current_session()
+    link = session.sidecar
+    first = _loop_until(lambda: link.acked_seq >= 1, what="a first acknowledged batch")
+    os.kill(link.proc.pid, signal.SIGSTOP)  # alive but reading nothing: the pipe fills up
+    try:
+        second = _loop_until(lambda: not link.alive, what="the frozen sidecar to be given up")
+    finally:
+        if link.proc.poll() is None:
+            os.kill(link.proc.pid, signal.SIGCONT)
+    summary = starvewatch.finish()
+    total = first + second
+    assert summary["loaders"][0]["steps"] == total
+    assert c.get(f"/api/v1/runs/{summary['run']['id']}/summary")["loaders"][0]["steps"] == total

@@ -21,10 +21,14 @@ from .transport import Delivery, dumps
 
 
 class SidecarLink:
+    WRITE_TIMEOUT_S = 5.0
+
     def __init__(self, proc) -> None:
         self.proc = proc
         self._fd = proc.stdout.fileno()
+        self._in_fd = proc.stdin.fileno()
         os.set_blocking(self._fd, False)
+        os.set_blocking(self._in_fd, False)
         self._partial = b""
         self._lock = threading.Lock()   # the sampler and the shipper thread both read
         self._write_lock = threading.Lock()
@@ -120,15 +124,25 @@ class SidecarLink:
         return self.send_line(json.dumps(message).encode())
 
     def send_line(self, line: bytes) -> bool:
+        """Write one line; a sidecar that takes none of it for WRITE_TIMEOUT_S (stopped, frozen)
+        is killed and counted as gone, so a monitor thread never hangs on the pipe."""
         if not self.alive:
             return False
+        data = memoryview(line + b"\n")
+        deadline = time.monotonic() + self.WRITE_TIMEOUT_S
         try:
             with self._write_lock:
-                self.proc.stdin.write(line + b"\n")
-                self.proc.stdin.flush()
+                while data:
+                    try:
+                        data = data[os.write(self._in_fd, data):]
+                    except BlockingIOError:
+                        left = deadline - time.monotonic()
+                        if left <= 0 or not select.select([], [self._in_fd], [], left)[1]:
+                            raise TimeoutError("the sidecar stopped reading") from None
             return True
         except (OSError, ValueError):
             self.alive = False
+            self.proc.kill()
             return False
 
     def watch_pids(self, pids: list[int]) -> None:
@@ -165,28 +179,41 @@ class SidecarLink:
 class SidecarDelivery:
     """Delivery through the sidecar, with the in-process Delivery as the fallback."""
 
+    # Batches kept for re-delivery until acknowledged. A sidecar stuck for minutes (a collector
+    # that accepts connections and never answers) must not grow this process: past the bound
+    # the oldest are left to the sidecar alone.
+    MAX_UNACKED_BYTES = 64 * 1024 * 1024
+
     def __init__(self, link: SidecarLink, fallback: Delivery) -> None:
         self.link = link
         self.fallback = fallback
         self.spool = fallback.spool
         self._unacked: OrderedDict[int, tuple[dict, bytes]] = OrderedDict()
+        self._unacked_bytes = 0
 
     def _acknowledged(self) -> None:
         acked = self.link.acked_seq
-        while self._unacked and next(iter(self._unacked)) <= acked:
-            self._unacked.popitem(last=False)
+        while self._unacked and (next(iter(self._unacked)) <= acked
+                                 or self._unacked_bytes > self.MAX_UNACKED_BYTES):
+            _, (_, body) = self._unacked.popitem(last=False)
+            self._unacked_bytes -= len(body)
 
     def _take_over(self, deadline: float | None = None) -> None:
         """The sidecar is gone: deliver what it never acknowledged from here."""
         self._acknowledged()
         while self._unacked:
-            _, (payload, body) = self._unacked.popitem(last=False)
-            self.fallback.deliver(payload, body, deadline)
+            _, (stub, body) = self._unacked.popitem(last=False)
+            self._unacked_bytes -= len(body)
+            self.fallback.deliver(stub, body, deadline)
 
     def deliver(self, payload: dict, body: bytes | None = None, deadline: float | None = None) -> None:
         body = body if body is not None else dumps(payload)
         if self.link.alive:
-            self._unacked[payload["seq"]] = (payload, body)
+            # What re-delivery needs besides the body: the sequence number and the record count.
+            stub = {"seq": payload["seq"], "steps": {"step": range(len(payload["steps"]["step"]))}}
+            self._unacked[payload["seq"]] = (stub, body)
+            self._unacked_bytes += len(body)
+            self._acknowledged()
             if self.link.send_line(body):
                 return
         self._take_over(deadline)
