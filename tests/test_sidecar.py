@@ -82,11 +82,11 @@ def test_the_sidecar_exits_when_the_training_process_is_killed(tmp_path):
             proc.kill()
 
 
-def _loop_until(condition, loader_name="train", what="condition"):
+def _loop_until(condition, what="condition"):
     """Run a watched loop (real steps) until `condition()` holds; returns the step count."""
     import time
     steps, deadline = 0, time.monotonic() + 30
-    for steps, _ in enumerate(starvewatch.watch(range(10**9), name=loader_name), start=1):
+    for steps, _ in enumerate(starvewatch.watch(range(10**9), name="train"), start=1):
         time.sleep(0.0002)  # a step's work: a few thousand steps a second
         if steps % 50 == 0:
             if condition():
@@ -111,20 +111,18 @@ def test_batches_travel_through_the_sidecar_to_the_collector(collector, monkeypa
     assert session.sidecar.proc.poll() is not None
 
 
-def test_a_sidecar_killed_mid_run_loses_and_doubles_nothing(collector, monkeypatch):
+def _watched_run_with_collector(collector, monkeypatch, name):
+    """A run delivering to a real collector through its sidecar, after one acknowledged batch."""
     from starvewatch.hooks.session import current_session
     c = collector()
     monkeypatch.setenv("STARVEWATCH_URL", c.url)
-    starvewatch.init("sidecar-killed")
+    starvewatch.init(name)
     session = current_session()
-    link = session.sidecar
-    first = _loop_until(lambda: link.acked_seq >= 1, what="a first acknowledged batch")
-    os.kill(link.proc.pid, signal.SIGKILL)
-    # Keep training while it dies: batches sent into the dead pipe are taken over in-process.
-    second = _loop_until(lambda: not link.alive and session.shipper.shipped_records > first + 100,
-                         loader_name="train", what="the take-over")
-    summary = starvewatch.finish()
-    total = first + second
+    first = _loop_until(lambda: session.sidecar.acked_seq >= 1, what="a first acknowledged batch")
+    return c, session, session.sidecar, first
+
+
+def _assert_every_step_once(c, summary, total):
     assert summary["loaders"][0]["steps"] == total
     run_id = summary["run"]["id"]
     assert c.get(f"/api/v1/runs/{run_id}/summary")["loaders"][0]["steps"] == total
@@ -133,26 +131,26 @@ def test_a_sidecar_killed_mid_run_loses_and_doubles_nothing(collector, monkeypat
         page = c.get(f"/api/v1/runs/{run_id}/steps?limit=100000&after={after}")
         seen += [(r["epoch"], r["step"]) for r in page["steps"]]
         after = page["next_after"]
-    assert len(seen) == len(set(seen)) == total  # every step exactly once
+    assert len(seen) == len(set(seen)) == total
+
+
+def test_a_sidecar_killed_mid_run_loses_and_doubles_nothing(collector, monkeypatch):
+    c, session, link, first = _watched_run_with_collector(collector, monkeypatch, "sidecar-killed")
+    os.kill(link.proc.pid, signal.SIGKILL)
+    # Keep training while it dies: batches sent into the dead pipe are taken over in-process.
+    second = _loop_until(lambda: not link.alive and session.shipper.shipped_records > first + 100,
+                         what="the take-over")
+    _assert_every_step_once(c, starvewatch.finish(), first + second)
 
 
 def test_a_frozen_sidecar_is_replaced_and_nothing_is_lost(collector, monkeypatch):
-    from starvewatch.hooks.session import current_session
     from starvewatch.hooks.sidecar_link import SidecarLink
     monkeypatch.setattr(SidecarLink, "WRITE_TIMEOUT_S", 1.0)
-    c = collector()
-    monkeypatch.setenv("STARVEWATCH_URL", c.url)
-    starvewatch.init("sidecar-frozen")
-    session = current_session()
-    link = session.sidecar
-    first = _loop_until(lambda: link.acked_seq >= 1, what="a first acknowledged batch")
+    c, session, link, first = _watched_run_with_collector(collector, monkeypatch, "sidecar-frozen")
     os.kill(link.proc.pid, signal.SIGSTOP)  # alive but reading nothing: the pipe fills up
     try:
         second = _loop_until(lambda: not link.alive, what="the frozen sidecar to be given up")
     finally:
         if link.proc.poll() is None:
             os.kill(link.proc.pid, signal.SIGCONT)
-    summary = starvewatch.finish()
-    total = first + second
-    assert summary["loaders"][0]["steps"] == total
-    assert c.get(f"/api/v1/runs/{summary['run']['id']}/summary")["loaders"][0]["steps"] == total
+    _assert_every_step_once(c, starvewatch.finish(), first + second)
