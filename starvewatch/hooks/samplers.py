@@ -121,10 +121,6 @@ class LoaderWatch:
         self.state = state
         self.previous: list[dict] | None = None
 
-    def pids(self) -> list[int]:
-        board = self.state.board
-        return [row["pid"] for row in board.read() if row["pid"]] if board is not None else []
-
     def sample(self, process_state) -> dict | None:
         """`process_state(pid)`: that worker's state dict, or None when not known (yet)."""
         board = self.state.board

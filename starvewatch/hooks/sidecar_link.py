@@ -187,7 +187,6 @@ class SidecarDelivery:
     def __init__(self, link: SidecarLink, fallback: Delivery) -> None:
         self.link = link
         self.fallback = fallback
-        self.spool = fallback.spool
         self._unacked: OrderedDict[int, tuple[dict, bytes]] = OrderedDict()
         self._unacked_bytes = 0
 

@@ -121,7 +121,6 @@ class Spool:
         self.dropped_payloads = 0
         self.dropped_records = 0
         self._bytes = None
-        self._dir_ready = False
         # Whether files may be waiting: kept in memory, so a healthy delivery never lists the
         # directory (each syscall on the shipper thread costs the training thread a GIL switch).
         # The collector can ingest the spool itself, so True is a hint that replay corrects.
@@ -145,16 +144,13 @@ class Spool:
         return files
 
     def write(self, seq: int, body: bytes, records: int) -> None:
-        if not self._dir_ready:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._dir_ready = True
         data = gzip.compress(body, compresslevel=1)
         self._make_room(len(data))
         final = self.directory / f"{seq:012d}.json.gz"
         tmp = final.with_suffix(".tmp")
         try:
             f = open(tmp, "wb")
-        except FileNotFoundError:  # the directory was removed under us (an import, a cleanup)
+        except FileNotFoundError:  # the first write, or the directory was removed (an import)
             self.directory.mkdir(parents=True, exist_ok=True)
             f = open(tmp, "wb")
         with f:
