@@ -312,13 +312,19 @@ class Sampler(threading.Thread):
         self.session.shipper._note_error(text)
 
     def _sample_gpu(self) -> bool:
-        from . import nvml
-        if not nvml.init():
-            return False
-        devices = nvml.sample()
-        if devices:
-            self._record("samples", {"kind": "gpu", "t_ns": time.time_ns(), "devices": devices})
-        return True
+        available, reading = gpu_reading()
+        if reading is not None:
+            self._record("samples", reading)
+        return available
+
+
+def gpu_reading(pid: int | None = None) -> tuple[bool, dict | None]:
+    """(NVML usable, a "gpu" sample or None): for the sampler thread and the sidecar alike."""
+    from . import nvml
+    if not nvml.init():
+        return False, None
+    devices = nvml.sample(pid)
+    return True, ({"kind": "gpu", "t_ns": time.time_ns(), "devices": devices} if devices else None)
 
 
 def start_samplers(session) -> None:

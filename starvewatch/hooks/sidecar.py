@@ -27,12 +27,15 @@ import threading
 import time
 from pathlib import Path
 
+from .collector_link import find_collector
+from .samplers import HostSampler, _psutil, gpu_reading
+from .transport import Delivery, HttpTransport, Spool, TransportError
+
 EOF_FLUSH_S = 5.0  # after EOF, batches still queued are sent for this long, then spooled
 
 
 class Sidecar:
     def __init__(self, settings: dict, out) -> None:
-        from .samplers import HostSampler, _psutil
         self.out = out
         self.parent_pid = int(settings["pid"])
         self.host_every = float(settings.get("host_interval_s", 0.5))
@@ -49,7 +52,6 @@ class Sidecar:
         self.delivery = self.transport = None
         self.delivery_settings = settings.get("delivery")
         if self.delivery_settings:
-            from .transport import Delivery, HttpTransport, Spool
             d = self.delivery_settings
             self.transport = HttpTransport(d["url"], d.get("token")) if d.get("url") else None
             self.delivery = Delivery(self.transport, Spool(Path(d["spool_dir"]), int(d["spool_max_bytes"])))
@@ -92,14 +94,12 @@ class Sidecar:
                 pass
             return
         if self.transport is not None:
-            from .collector_link import find_collector
             d = self.delivery_settings
             found = find_collector(d["url"], Path(d["dir"]), self.transport, autostart=d["autostart"],
                                    local_rank=int(d.get("local_rank") or 0))
             if found == "starvewatch":
                 self.delivery.reset_backoff()
             self.send({"kind": "collector", "found": found})
-        from .transport import TransportError
         while True:
             try:
                 kind, body = self.batches.get(timeout=1.0)
@@ -124,7 +124,6 @@ class Sidecar:
                 return
 
     def _replay(self, deadline: float | None) -> None:
-        from .transport import TransportError
         try:
             self.delivery.replay(deadline)
         except (OSError, TransportError) as exc:
@@ -139,11 +138,9 @@ class Sidecar:
         self.send({"kind": "processes", "t_ns": time.time_ns(), "states": states})
 
     def tick_gpu(self) -> None:
-        from . import nvml
-        self.gpu_enabled = nvml.init()
-        devices = nvml.sample(self.parent_pid) if self.gpu_enabled else []
-        if devices:
-            self.send({"kind": "gpu", "t_ns": time.time_ns(), "devices": devices})
+        self.gpu_enabled, reading = gpu_reading(self.parent_pid)
+        if reading is not None:
+            self.send(reading)
 
     def sample_forever(self) -> None:
         next_host = next_gpu = time.monotonic()
