@@ -97,12 +97,12 @@ def _loop_until(condition, what="condition"):
 
 def test_batches_travel_through_the_sidecar_to_the_collector(collector, monkeypatch):
     from starvewatch.hooks.session import current_session
-    from starvewatch.hooks.sidecar_link import SidecarDelivery
+    from starvewatch.hooks.sidecar_link import SidecarPipeline
     c = collector()
     monkeypatch.setenv("STARVEWATCH_URL", c.url)
     starvewatch.init("via-sidecar")
     session = current_session()
-    assert isinstance(session.shipper.delivery, SidecarDelivery)
+    assert isinstance(session.shipper.pipeline, SidecarPipeline)
     steps = _loop_until(lambda: session.sidecar.acked_seq >= 2, what="two acknowledged batches")
     summary = starvewatch.finish()
     assert summary["loaders"][0]["steps"] == steps
@@ -122,8 +122,12 @@ def _watched_run_with_collector(collector, monkeypatch, name):
     return c, session, session.sidecar, first
 
 
-def _assert_every_step_once(c, summary, total):
+def _assert_every_step_once(c, session, total):
+    """In the summary (totals and statistics: the sidecar's book, then this process's) and
+    at the collector: every step once."""
+    summary = starvewatch.finish()
     assert summary["loaders"][0]["steps"] == total
+    assert session.shipper.book().stats[0].wait.count == total
     run_id = summary["run"]["id"]
     assert c.get(f"/api/v1/runs/{run_id}/summary")["loaders"][0]["steps"] == total
     seen, after = [], 0
@@ -140,7 +144,7 @@ def test_a_sidecar_killed_mid_run_loses_and_doubles_nothing(collector, monkeypat
     # Keep training while it dies: batches sent into the dead pipe are taken over in-process.
     second = _loop_until(lambda: not link.alive and session.shipper.shipped_records > first + 100,
                          what="the take-over")
-    _assert_every_step_once(c, starvewatch.finish(), first + second)
+    _assert_every_step_once(c, session, first + second)
 
 
 def test_a_frozen_sidecar_is_replaced_and_nothing_is_lost(collector, monkeypatch):
@@ -153,4 +157,39 @@ def test_a_frozen_sidecar_is_replaced_and_nothing_is_lost(collector, monkeypatch
     finally:
         if link.proc.poll() is None:
             os.kill(link.proc.pid, signal.SIGCONT)
-    _assert_every_step_once(c, starvewatch.finish(), first + second)
+    _assert_every_step_once(c, session, first + second)
+
+
+def test_the_sidecar_builds_the_same_batches_and_book_as_the_training_process(tmp_path):
+    """Raw records cross the pipe (marshal) and the sidecar builds the batches with numpy
+    histograms: the steps, phases, totals and statistics equal the in-process path's."""
+    from starvewatch.hooks.records import LocalPipeline
+    from starvewatch.hooks.session import current_session
+    from starvewatch.hooks.sidecar_link import SidecarPipeline
+    from starvewatch.hooks.transport import Delivery, MemoryTransport, Spool, read_spool_file
+    starvewatch.watch([1], name="train")
+    starvewatch.watch([2], name="val")
+    session = current_session()  # STARVEWATCH_URL=off: delivered to the spool by the sidecar
+    assert isinstance(session.shipper.pipeline, SidecarPipeline)
+    t = 10**12
+    records = [((0, 0), k, t + 3000 * k, t + 3000 * k + 100 + k, t + 3000 * (k + 1), 32) for k in range(5000)]
+    records += [((1, 0), k, t + 7 * k, 50 + k * 37, 0 if k % 3 else 999, None, 5, None,
+                 {"forward": 11 * k, "backward": 13} if k % 2 else None) for k in range(300)]
+    records += [((0, 1), 0, t, t + 5, t + 2**40, 32), ((1, 1), 0, t, 10**9, 1, 7, 0, 4, None)]
+    session.buffer.extend(records)
+    starvewatch.finish()
+    spooled = sorted((read_spool_file(p) for p in session.spool_dir.glob("*")), key=lambda p: p["seq"])
+    assert sum(len(p["steps"]["step"]) for p in spooled) == len(records)
+
+    local = LocalPipeline(Delivery(MemoryTransport(), Spool(tmp_path / "local", 2**30)), session.wall_offset_ns)
+    for chunk in range(0, len(records), 1024):
+        local.add(records[chunk:chunk + 1024], ["train", "val"])
+    final = spooled[-1]
+    header = {k: v for k, v in final.items() if k not in ("steps", "phases")}
+    local.send(dict(header, loaders=[s.describe(s.totals) for s in session.loader_list]))
+    expected = local.delivery.transport.payloads[0]
+    for column, values in expected["steps"].items():
+        assert [v for p in spooled for v in p["steps"][column]] == values, column
+    assert [v for p in spooled for v in p["phases"]] == expected["phases"]
+    assert final["loaders"] == expected["loaders"]
+    assert session.shipper.book().to_dict() == local.book().to_dict()

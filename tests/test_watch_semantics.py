@@ -205,7 +205,7 @@ def test_full_buffer_drops_and_counts_but_totals_stay_exact(memory_run):
     state = session.loaders["train"]
     state.capacity = 30
     list(watched)
-    session.shipper = type(session.shipper)(session, session.shipper.delivery)  # fresh, not started
+    session.shipper = type(session.shipper)(session, session.shipper.pipeline)  # fresh, not started
     summary = starvewatch.finish()
     loader = summary["loaders"][0]
     assert loader["steps"] == 100

@@ -78,7 +78,7 @@ def connect(session) -> None:
     found = find_collector(settings.url, settings.dir, session.transport, autostart=settings.autostart,
                            local_rank=session.local_rank)
     if found == "starvewatch":
-        session.shipper.delivery.reset_backoff()
+        session.shipper.pipeline.reset_backoff()
     announce(session, found)
 
 

@@ -188,10 +188,12 @@ class StallDetector:
         if waiting is not None and waiting[1] is not None:
             it, t_call = waiting
             name = it._state.name
-            stats = self.session.shipper.record_stats.get(it._state.index)
-            median_ns = stats.steady_wait().quantile(0.5) if stats is not None and stats.wait.count else None
-            threshold_ns = max(settings.stall_min_s * 1e9, settings.stall_median_factor * (median_ns or 0))
             wait_ns = now_perf - t_call
+            median_ns, threshold_ns = None, settings.stall_min_s * 1e9
+            if wait_ns > threshold_ns:  # only then the book (possibly the sidecar's, parsed)
+                stats = self.session.shipper.book().stats.get(it._state.index)
+                median_ns = stats.steady_wait().quantile(0.5) if stats is not None and stats.wait.count else None
+                threshold_ns = max(threshold_ns, settings.stall_median_factor * (median_ns or 0))
             if wait_ns > threshold_ns:
                 current_key = (name, t_call)
                 if name not in self.open:

@@ -19,7 +19,8 @@ from .loader import (ACTIVE, WatchedIterable, WatchedIterator, WatchedIteratorPr
                      watched_dataloader_class)
 from .settings import HookSettings
 from .shipper import Shipper
-from .sidecar_link import SidecarDelivery, SidecarLink
+from .records import LocalPipeline
+from .sidecar_link import SidecarLink, SidecarPipeline
 from .transport import Delivery, HttpTransport, Spool, dumps
 
 _LOCK = threading.RLock()
@@ -99,12 +100,14 @@ class Session:
         # First uses import modules; importing on the shipper thread would hand the GIL back
         # and forth with the training loop for a second. Here the loop has not started yet.
         dumps({"warm": [1]})
-        delivery = Delivery(transport, Spool(self.spool_dir, settings.spool_max_bytes))
-        # System sampling and delivery in a separate process: see hooks/sidecar.py.
+        pipeline = LocalPipeline(Delivery(transport, Spool(self.spool_dir, settings.spool_max_bytes)),
+                                 self.wall_offset_ns)
+        # System sampling, record processing and delivery in a separate process: see
+        # hooks/sidecar.py. The in-memory transport (tests) keeps records in this process.
         self.sidecar = SidecarLink.start(self) if settings.sidecar else None
         if self.sidecar is not None and (transport is None or self.delivers_over_http):
-            delivery = SidecarDelivery(self.sidecar, delivery)
-        self.shipper = Shipper(self, delivery)
+            pipeline = SidecarPipeline(self.sidecar, pipeline)
+        self.shipper = Shipper(self, pipeline)
         self.samplers: list = []
         self.shipper.start()
 
@@ -165,7 +168,7 @@ class Session:
 
     def on_shipper_start(self, shipper) -> None:
         self.metadata()
-        if self.delivers_over_http and not isinstance(shipper.delivery, SidecarDelivery):
+        if self.delivers_over_http and not isinstance(shipper.pipeline, SidecarPipeline):
             from .collector_link import connect
             connect(self)
 
@@ -181,8 +184,9 @@ class Session:
 
     def summary(self) -> dict:
         from ..monitor.analysis import LoaderData, summarize
-        loaders = [LoaderData(name=s.name, config=s.config, totals=self.shipper.loader_totals(s),
-                              records=self.shipper.record_stats.get(s.index), ranks=[self.rank])
+        book = self.shipper.book()
+        loaders = [LoaderData(name=s.name, config=s.config, totals=book.merged(s.index, s.totals),
+                              records=book.stats.get(s.index), ranks=[self.rank])
                    for s in self.loader_list]
         run = {k: v for k, v in self.metadata().items()}
         run.update(status="finished" if not self.active else "live", rank=self.rank,

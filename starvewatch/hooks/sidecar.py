@@ -1,24 +1,28 @@
 """The sidecar process: for one training process, samples the host, its DataLoader workers and
 the GPUs (psutil and NVML work across processes), and delivers its event batches (gzip, HTTP,
-the spool, replay, finding or starting the collector).
+the spool, replay, finding or starting the collector), building the batches from the raw step
+records first (hooks/records.py: the columns, exact totals and statistics).
 
 Why a process: every /proc read, NVML call, socket or file operation releases the GIL, and
 each time a monitor thread takes it back the training thread waits (benchmarks/overhead.py
 measures the effect on p99 step time). With the sidecar, the training process's threads do one
 pipe read and one pipe write per tick. The training side is hooks/sidecar_link.py.
 
-Protocol, one JSON object per line both ways (event batches are JSON without newlines):
-  training -> sidecar (stdin): first line the settings; then event batches ({"schema": ...}),
+Protocol, one JSON object per line both ways (plus the bytes a batch line announces):
+  training -> sidecar (stdin): first line the settings; then batches ({"batch": header,
+      "parts": [byte sizes]}, followed by that many bytes of marshalled step records per part),
       {"pids": [worker pids]}, {"sample": true} (a reading now), {"flush": timeout_s};
       EOF: spool what is left and exit.
   sidecar -> training (stdout): {"kind": "host" | "gpu" | "processes" | "sampled"} readings,
-      {"kind": "acked", "seq"} per batch delivered or spooled, {"kind": "flushed"},
+      per batch delivered or spooled {"kind": "book", "book"} (totals and statistics of every
+      record so far) then {"kind": "acked", "seq"}, {"kind": "flushed"},
       {"kind": "collector", "found"}.
 Run as `python -m starvewatch.hooks.sidecar`; nothing here is imported by the hot path.
 """
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import queue
 import signal
@@ -28,6 +32,7 @@ import time
 from pathlib import Path
 
 from .collector_link import find_collector
+from .records import LocalPipeline
 from .samplers import HostSampler, _psutil, gpu_reading
 from .transport import Delivery, HttpTransport, Spool, TransportError
 
@@ -49,12 +54,13 @@ class Sidecar:
         self._write_lock = threading.Lock()
         self.batches: queue.Queue = queue.Queue()
         self.flush_deadline: float | None = None
-        self.delivery = self.transport = None
+        self.delivery = self.transport = self.pipeline = None
         self.delivery_settings = settings.get("delivery")
         if self.delivery_settings:
             d = self.delivery_settings
             self.transport = HttpTransport(d["url"], d.get("token")) if d.get("url") else None
             self.delivery = Delivery(self.transport, Spool(Path(d["spool_dir"]), int(d["spool_max_bytes"])))
+            self.pipeline = LocalPipeline(self.delivery, int(settings["wall_offset_ns"]), vectorized=True)
 
     def send(self, message: dict) -> None:
         line = json.dumps(message, separators=(",", ":")) + "\n"
@@ -68,12 +74,16 @@ class Sidecar:
     # ---- commands --------------------------------------------------------------------------
     def read_commands(self, stream) -> None:
         for line in stream:
-            if line.startswith(b'{"schema"'):
-                self.batches.put(("batch", line.rstrip(b"\n")))
-                continue
             try:
                 command = json.loads(line)
             except ValueError:
+                continue
+            if "batch" in command:
+                sizes = [int(n) for n in command["parts"]]
+                parts = [stream.read(n) for n in sizes]
+                if list(map(len, parts)) != sizes:
+                    break  # cut off by EOF: the training process died mid-write
+                self.batches.put(("batch", (command["batch"], parts)))
                 continue
             if "pids" in command:
                 self.pids = [int(p) for p in command["pids"]]
@@ -107,15 +117,17 @@ class Sidecar:
                 self._replay(None)  # idle: catch up on the spool
                 continue
             if kind == "batch":
+                header, parts = body
+                names = [loader["name"] for loader in header["loaders"]]
+                for part in parts:
+                    self.pipeline.add(marshal.loads(part), names)
                 try:
-                    payload = json.loads(body)
-                except ValueError:
-                    continue
-                try:
-                    self.delivery.deliver(payload, body, self.flush_deadline)
+                    self.pipeline.send(header, self.flush_deadline)
                 except (OSError, TransportError) as exc:  # a full disk: counted, never fatal
                     print(f"starvewatch sidecar: {exc}", file=sys.stderr)
-                self.send({"kind": "acked", "seq": payload.get("seq", 0), "dropped": self.delivery.dropped()})
+                # The book first: the training process takes it over with the acknowledgement.
+                self.send({"kind": "book", "book": self.pipeline.book().to_dict()})
+                self.send({"kind": "acked", "seq": header["seq"], "dropped": self.delivery.dropped()})
             elif kind == "flush":
                 self._replay(self.flush_deadline)
                 self.send({"kind": "flushed", "dropped": self.delivery.dropped()})

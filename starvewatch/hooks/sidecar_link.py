@@ -9,6 +9,7 @@ deduplicates by sequence number, so nothing is lost or doubled).
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import select
 import subprocess
@@ -17,7 +18,8 @@ import threading
 import time
 from collections import OrderedDict
 
-from .transport import Delivery, dumps
+from .records import LocalPipeline, RecordBook
+from .transport import dumps
 
 
 class SidecarLink:
@@ -35,7 +37,9 @@ class SidecarLink:
         self._pids: list[int] | None = None
         self.alive = True
         self.readings: list[dict] = []  # host/gpu/processes messages, taken by the sampler
-        self.acked_seq = 0
+        self.acked_seq = 0  # batches up to this one are delivered (or spooled) and in ...
+        self.book_line: bytes | None = None  # ... the sidecar's book: this line, unparsed
+        self._next_book: bytes | None = None
         self.flushed = 0
         self.dropped = {"spool_payloads": 0, "spool_records": 0}
         self.collector: str | None = None  # what the sidecar found at the collector's URL
@@ -44,7 +48,8 @@ class SidecarLink:
     def start(cls, session) -> "SidecarLink | None":
         settings = session.settings
         delivers = session.transport is None or session.delivers_over_http
-        config = {"pid": os.getpid(), "host_interval_s": settings.host_interval_s,
+        config = {"pid": os.getpid(), "wall_offset_ns": session.wall_offset_ns,
+                  "host_interval_s": settings.host_interval_s,
                   "gpu_interval_s": settings.gpu_interval_s,
                   "delivery": None if not delivers else {
                       "url": settings.url, "token": settings.token, "dir": str(settings.dir),
@@ -86,14 +91,19 @@ class SidecarLink:
                 return
             *lines, self._partial = (self._partial + b"".join(chunks)).split(b"\n")
             for line in lines:
+                if line.startswith(b'{"kind":"book"'):  # parsed only when needed
+                    self._next_book = line
+                    continue
                 try:
                     message = json.loads(line)
                 except ValueError:
                     continue
                 kind = message.get("kind")
-                if kind == "acked":
+                if kind == "acked":  # follows the book that includes the batch
                     self.acked_seq = max(self.acked_seq, message["seq"])
                     self.dropped = message.get("dropped", self.dropped)
+                    if self._next_book is not None:
+                        self.book_line, self._next_book = self._next_book, None
                 elif kind == "flushed":
                     self.flushed += 1
                     self.dropped = message.get("dropped", self.dropped)
@@ -121,14 +131,19 @@ class SidecarLink:
 
     # ---- writing ---------------------------------------------------------------------------
     def _send(self, message: dict) -> bool:
-        return self.send_line(json.dumps(message).encode())
+        return self.write(json.dumps(message).encode() + b"\n")
 
-    def send_line(self, line: bytes) -> bool:
-        """Write one line; a sidecar that takes none of it for WRITE_TIMEOUT_S (stopped, frozen)
-        is killed and counted as gone, so a monitor thread never hangs on the pipe."""
+    def send_batch(self, header: dict, parts: list[bytes]) -> bool:
+        """One batch: its header as a JSON line, then its marshalled record chunks."""
+        line = dumps({"batch": header, "parts": [len(p) for p in parts]})
+        return self.write(b"".join([line, b"\n", *parts]))
+
+    def write(self, data: bytes) -> bool:
+        """A sidecar that takes none of `data` for WRITE_TIMEOUT_S (stopped, frozen) is killed
+        and counted as gone, so a monitor thread never hangs on the pipe."""
         if not self.alive:
             return False
-        data = memoryview(line + b"\n")
+        data = memoryview(data)
         deadline = time.monotonic() + self.WRITE_TIMEOUT_S
         try:
             with self._write_lock:
@@ -176,67 +191,118 @@ class SidecarLink:
         self.proc.stdout.close()
 
 
-class SidecarDelivery:
-    """Delivery through the sidecar, with the in-process Delivery as the fallback."""
+class SidecarPipeline:
+    """The shipper's pipeline when a sidecar runs: records are packed with marshal (about 0.2 us
+    each, a fifth of converting them here) and written to the sidecar, which builds the
+    columns, the book and the payloads with the same code (records.LocalPipeline) and
+    delivers them. Its book comes back with every acknowledgement, kept as raw bytes and parsed
+    only when needed (a stall check, `finish()`, a take-over).
 
-    # Batches kept for re-delivery until acknowledged. A sidecar stuck for minutes (a collector
-    # that accepts connections and never answers) must not grow this process: past the bound
-    # the oldest are left to the sidecar alone.
+    If the sidecar dies or freezes, `local` takes over: it starts from the sidecar's last book
+    and processes every batch the book does not include again (same sequence numbers: the
+    collector keeps one copy), so neither the summary nor the collector loses or doubles a step.
+    """
+
+    chunk = 1024  # marshal.dumps of this many records holds the GIL for about 0.2 ms
+
+    # Batches kept until the sidecar's book includes them. A sidecar stuck for minutes (a
+    # collector that accepts connections and never answers) must not grow this process: past
+    # the bound the oldest are left to the sidecar alone.
     MAX_UNACKED_BYTES = 64 * 1024 * 1024
 
-    def __init__(self, link: SidecarLink, fallback: Delivery) -> None:
+    def __init__(self, link: SidecarLink, local: LocalPipeline) -> None:
         self.link = link
-        self.fallback = fallback
-        self._unacked: OrderedDict[int, tuple[dict, bytes]] = OrderedDict()
+        self.local = local
+        self.remote = True  # False once `local` took over
+        self._parts: list[bytes] = []
+        self._count = 0
+        self._unacked: OrderedDict[int, tuple[dict, list[bytes]]] = OrderedDict()
         self._unacked_bytes = 0
+        self._book: tuple[bytes, RecordBook] | None = None
+        self.lost_records = 0  # past MAX_UNACKED_BYTES when the sidecar then died
 
-    def _acknowledged(self) -> None:
-        acked = self.link.acked_seq
-        while self._unacked and (next(iter(self._unacked)) <= acked
+    def pending(self) -> int:
+        return self._count if self.remote else self.local.pending()
+
+    def add(self, records: list[tuple], names: list[str]) -> None:
+        if self.remote:
+            self._parts.append(marshal.dumps(records))
+            self._count += len(records)
+        else:
+            self.local.add(records, names)
+
+    def send(self, header: dict, deadline: float | None = None) -> int:
+        if not self.remote:
+            return self.local.send(header, deadline)
+        parts, count = self._parts, self._count
+        self._parts, self._count = [], 0
+        self._unacked[header["seq"]] = (header, parts)
+        self._unacked_bytes += sum(map(len, parts))
+        self._trim()
+        if not self.link.send_batch(header, parts):
+            self._take_over(deadline)
+        return count
+
+    def _trim(self) -> None:
+        included = self.link.acked_seq
+        while self._unacked and (next(iter(self._unacked)) <= included
                                  or self._unacked_bytes > self.MAX_UNACKED_BYTES):
-            _, (_, body) = self._unacked.popitem(last=False)
-            self._unacked_bytes -= len(body)
+            seq, (_, parts) = self._unacked.popitem(last=False)
+            self._unacked_bytes -= sum(map(len, parts))
+            if seq > included:
+                self.lost_records += sum(len(marshal.loads(p)) for p in parts)
 
     def _take_over(self, deadline: float | None = None) -> None:
-        """The sidecar is gone: deliver what it never acknowledged from here."""
-        self._acknowledged()
-        while self._unacked:
-            _, (stub, body) = self._unacked.popitem(last=False)
-            self._unacked_bytes -= len(body)
-            self.fallback.deliver(stub, body, deadline)
+        """The sidecar is gone: from its last book on, everything is done in this process."""
+        if not self.remote:
+            return
+        self.link.close(0.5)
+        self.remote = False
+        book = self._sidecar_book()
+        if book is not None:
+            book.vectorized = self.local.current_book.vectorized
+            self.local.current_book = book
+        self._trim()
+        for header, parts in self._unacked.values():
+            names = [loader["name"] for loader in header["loaders"]]
+            for part in parts:
+                self.local.add(marshal.loads(part), names)
+            self.local.send(header, deadline)
+        self._unacked.clear()
+        self._unacked_bytes = 0
 
-    def deliver(self, payload: dict, body: bytes | None = None, deadline: float | None = None) -> None:
-        body = body if body is not None else dumps(payload)
-        if self.link.alive:
-            # What re-delivery needs besides the body: the sequence number and the record count.
-            stub = {"seq": payload["seq"], "steps": {"step": range(len(payload["steps"]["step"]))}}
-            self._unacked[payload["seq"]] = (stub, body)
-            self._unacked_bytes += len(body)
-            self._acknowledged()
-            if self.link.send_line(body):
-                return
-        self._take_over(deadline)
-        self.fallback.deliver(payload, body, deadline)
+    def _sidecar_book(self) -> RecordBook | None:
+        raw = self.link.book_line
+        if raw is None:
+            return None
+        if self._book is None or self._book[0] is not raw:
+            self._book = (raw, RecordBook.from_dict(json.loads(raw)["book"]))
+        return self._book[1]
+
+    def book(self) -> RecordBook:
+        if not self.remote:
+            return self.local.book()
+        self.link.poll()
+        return self._sidecar_book() or RecordBook()
 
     def replay(self, deadline: float | None = None) -> bool:
-        if self.link.alive:
-            self._acknowledged()
+        if self.remote and self.link.alive:
+            self._trim()
             return True
         self._take_over(deadline)
-        return self.fallback.replay(deadline)
+        return self.local.replay(deadline)
 
     def flush(self, deadline: float) -> bool:
-        if self.link.alive and self.link.flush(max(0.0, deadline - time.monotonic())):
-            self._acknowledged()
+        if self.remote and self.link.alive and self.link.flush(max(0.0, deadline - time.monotonic())):
+            self._trim()
             if not self._unacked:
                 return True
-        self.link.close(0.5)  # too slow or gone: what it did not acknowledge goes out from here
-        self._take_over(deadline)
-        return self.fallback.replay(deadline)
+        self._take_over(deadline)  # too slow or gone: what its book lacks is done here
+        return self.local.replay(deadline)
 
     def dropped(self) -> dict:
-        mine = self.fallback.dropped()
+        mine = self.local.dropped()
         return {k: mine[k] + self.link.dropped.get(k, 0) for k in mine}
 
     def reset_backoff(self) -> None:
-        self.fallback.reset_backoff()
+        self.local.reset_backoff()
