@@ -58,6 +58,7 @@ class HookSettings:
             disabled=_flag("STARVEWATCH_DISABLED", False),
             quiet=_flag("STARVEWATCH_QUIET", False),
             sidecar=_flag("STARVEWATCH_SIDECAR", True),
+            ship_interval_s=float(os.environ.get("STARVEWATCH_SHIP_INTERVAL_S", 0.5)),
             host_interval_s=float(os.environ.get("STARVEWATCH_HOST_INTERVAL_S", 0.5)),
             gpu_interval_s=float(os.environ.get("STARVEWATCH_GPU_INTERVAL_S", 1.0)),
             stall_min_s=float(os.environ.get("STARVEWATCH_STALL_MIN_S", 10.0)),
