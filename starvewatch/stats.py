@@ -27,6 +27,9 @@ def _numpy():
 # quantile is within 1.6%). Computed with frexp, exact for integers below 2**53, so the
 # training process and the collector put every value in the same bucket.
 SUB_BUCKETS = 32
+# Below this many values the C-level sort is as fast as numpy, and a process that only ever
+# sees small batches (the sidecar of a slow loop) never pays numpy's import.
+VECTORIZE_MIN = 4096
 
 
 def bucket_of(value_ns: int) -> int:
@@ -93,7 +96,7 @@ class LogHistogram:
         training thread a switch, see benchmarks/overhead.py)."""
         if not len(values):
             return
-        np = _numpy() if vectorized else None
+        np = _numpy() if vectorized and len(values) >= VECTORIZE_MIN else None
         table = self.counts
         if np is not None:
             arr = np.asarray(values, dtype=np.int64)

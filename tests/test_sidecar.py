@@ -193,3 +193,22 @@ def test_the_sidecar_builds_the_same_batches_and_book_as_the_training_process(tm
     assert [v for p in spooled for v in p["phases"]] == expected["phases"]
     assert final["loaders"] == expected["loaders"]
     assert session.shipper.book().to_dict() == local.book().to_dict()
+
+
+def test_batches_let_go_past_the_bound_are_counted_when_the_sidecar_then_dies(collector, monkeypatch):
+    """The training process keeps unacknowledged batches only up to a bound; if the sidecar
+    then dies, the ones it let go are missing, and counted as such (never silently)."""
+    from starvewatch.hooks.sidecar_link import SidecarLink, SidecarPipeline
+    monkeypatch.setattr(SidecarLink, "WRITE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(SidecarPipeline, "MAX_UNACKED_BYTES", 0)  # keep nothing for re-delivery
+    c, session, link, first = _watched_run_with_collector(collector, monkeypatch, "sidecar-let-go")
+    os.kill(link.proc.pid, signal.SIGSTOP)
+    try:
+        second = _loop_until(lambda: not link.alive, what="the frozen sidecar to be given up")
+    finally:
+        if link.proc.poll() is None:
+            os.kill(link.proc.pid, signal.SIGCONT)
+    lost = session.shipper.pipeline.lost_records
+    summary = starvewatch.finish()
+    assert lost > 0 and summary["loaders"][0]["steps"] + lost == first + second
+    assert c.get(f"/api/v1/runs/{summary['run']['id']}/summary")["loaders"][0]["steps"] == first + second - lost

@@ -173,6 +173,3 @@ class LocalPipeline:
 
     def reset_backoff(self) -> None:
         self.delivery.reset_backoff()
-
-    def close(self) -> None:
-        pass

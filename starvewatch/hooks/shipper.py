@@ -27,6 +27,7 @@ class Shipper(threading.Thread):
         self._done = threading.Event()
         self._seq = 0
         self._last_sent = 0.0
+        self.last_cycle_at = time.monotonic()
         self._meta_sent = False
         self._pending_gpu: list[tuple[float, tuple]] = []
         self.shipped_records = 0
@@ -40,8 +41,12 @@ class Shipper(threading.Thread):
             self._note_error(f"start-up: {exc}")
         interval = self.session.settings.ship_interval_s
         while not self._stop_requested.is_set():
-            self._wake.wait(interval)
+            # Usually the sampler thread wakes this one right after its own tick (see nudge()),
+            # so the two take the GIL from the training thread in one hand-off, not two; the
+            # timeout is the fallback when no sampler runs.
+            self._wake.wait(interval * 1.5)
             self._wake.clear()
+            self.last_cycle_at = time.monotonic()
             if self._stop_requested.is_set():
                 break
             try:
@@ -54,6 +59,11 @@ class Shipper(threading.Thread):
             self._note_error(f"final flush: {exc!r}")
         finally:
             self._done.set()
+
+    def nudge(self) -> None:
+        """From the sampler thread, after its tick: cycle now if one is (nearly) due."""
+        if time.monotonic() - self.last_cycle_at >= 0.9 * self.session.settings.ship_interval_s:
+            self._wake.set()
 
     def stop(self, timeout_s: float) -> bool:
         """Ask for the final flush and wait at most `timeout_s`; True when it completed."""
@@ -163,7 +173,7 @@ class Shipper(threading.Thread):
             "sent_at_ns": time.time_ns(),
             "status": "finished" if final and not session.active else "live",
             "loaders": [state.describe(state.totals) for state in session.loader_list],
-            "drops": {"events": session.dropped_events},
+            "drops": {**self.pipeline.dropped(), "events": session.dropped_events},
             **extra,
         }
         if not self._meta_sent or final:

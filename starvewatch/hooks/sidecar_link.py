@@ -216,10 +216,11 @@ class SidecarPipeline:
         self.remote = True  # False once `local` took over
         self._parts: list[bytes] = []
         self._count = 0
-        self._unacked: OrderedDict[int, tuple[dict, list[bytes]]] = OrderedDict()
+        self._unacked: OrderedDict[int, tuple[dict, list[bytes], int]] = OrderedDict()
         self._unacked_bytes = 0
+        self._let_go: dict[int, int] = {}  # seq -> records, past the bound and not yet acked
         self._book: tuple[bytes, RecordBook] | None = None
-        self.lost_records = 0  # past MAX_UNACKED_BYTES when the sidecar then died
+        self.lost_records = 0  # let go past MAX_UNACKED_BYTES, then the sidecar died: not in the summary
 
     def pending(self) -> int:
         return self._count if self.remote else self.local.pending()
@@ -236,7 +237,7 @@ class SidecarPipeline:
             return self.local.send(header, deadline)
         parts, count = self._parts, self._count
         self._parts, self._count = [], 0
-        self._unacked[header["seq"]] = (header, parts)
+        self._unacked[header["seq"]] = (header, parts, count)
         self._unacked_bytes += sum(map(len, parts))
         self._trim()
         if not self.link.send_batch(header, parts):
@@ -247,10 +248,12 @@ class SidecarPipeline:
         included = self.link.acked_seq
         while self._unacked and (next(iter(self._unacked)) <= included
                                  or self._unacked_bytes > self.MAX_UNACKED_BYTES):
-            seq, (_, parts) = self._unacked.popitem(last=False)
+            seq, (_, parts, count) = self._unacked.popitem(last=False)
             self._unacked_bytes -= sum(map(len, parts))
             if seq > included:
-                self.lost_records += sum(len(marshal.loads(p)) for p in parts)
+                self._let_go[seq] = count
+        for seq in [seq for seq in self._let_go if seq <= included]:
+            del self._let_go[seq]
 
     def _take_over(self, deadline: float | None = None) -> None:
         """The sidecar is gone: from its last book on, everything is done in this process."""
@@ -263,7 +266,9 @@ class SidecarPipeline:
             book.vectorized = self.local.current_book.vectorized
             self.local.current_book = book
         self._trim()
-        for header, parts in self._unacked.values():
+        self.lost_records += sum(self._let_go.values())  # neither in the book nor here
+        self._let_go.clear()
+        for header, parts, _ in self._unacked.values():
             names = [loader["name"] for loader in header["loaders"]]
             for part in parts:
                 self.local.add(marshal.loads(part), names)
@@ -302,7 +307,10 @@ class SidecarPipeline:
 
     def dropped(self) -> dict:
         mine = self.local.dropped()
-        return {k: mine[k] + self.link.dropped.get(k, 0) for k in mine}
+        out = {k: mine[k] + self.link.dropped.get(k, 0) for k in mine}
+        if self.lost_records:
+            out["sidecar_records"] = self.lost_records
+        return out
 
     def reset_backoff(self) -> None:
         self.local.reset_backoff()
