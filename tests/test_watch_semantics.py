@@ -52,6 +52,27 @@ def test_watched_dataloader_is_the_same_dataloader(memory_run):
     assert [b[0].tolist() for b in watched] == batches  # every iter() is a new epoch
 
 
+def test_copies_rebuilds_and_pickles_of_a_watched_loader(memory_run):
+    """Lightning rebuilds a loader from its type (to add a DistributedSampler), libraries copy
+    and deepcopy loaders, and spawn pickles them: none of it may break or lose steps."""
+    import copy
+    import pickle
+    ds = TensorDataset(torch.arange(10.0))
+    watched = starvewatch.watch(DataLoader(ds, batch_size=2))
+    rebuilt = type(watched)(ds, batch_size=5)  # like Lightning's type(loader)(**kwargs)
+    copies = [copy.copy(watched), copy.deepcopy(watched), rebuilt]
+    assert all(starvewatch.watch(c) is c for c in copies)  # still watched: the same loader
+    assert [len(list(c)) for c in copies] == [5, 5, 2]
+    plain = pickle.loads(pickle.dumps(watched))  # another process gets the loader as it was
+    assert type(plain) is DataLoader and [b[0].tolist() for b in plain][-1] == [8.0, 9.0]
+    items = starvewatch.watch([1, 2, 3], name="items")
+    assert pickle.loads(pickle.dumps(items)) == [1, 2, 3]
+    assert list(copy.deepcopy(items)) == [1, 2, 3]
+    loaders = {l["name"]: l for l in starvewatch.finish()["loaders"]}
+    assert (loaders["train"]["steps"], loaders["train"]["epochs"]) == (12, 3)
+    assert (loaders["items"]["steps"], loaders["items"]["epochs"]) == (3, 1)
+
+
 def test_subclass_of_dataloader_stays_its_class(memory_run):
     class MyLoader(DataLoader):
         def extra(self):

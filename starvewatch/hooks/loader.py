@@ -6,6 +6,8 @@ buffer drops is added into the totals here, so totals stay exact even when recor
 """
 from __future__ import annotations
 
+import copy
+import copyreg
 import functools
 import weakref
 from time import perf_counter_ns as _now
@@ -258,24 +260,45 @@ def start_epoch(state, make_inner):
 
 # ---- the wrappers ------------------------------------------------------------------------
 
-_WATCHED_CLASSES: dict[type, type] = {}
-
-
-def watched_dataloader_class(cls: type) -> type:
+def watched_dataloader_class(cls: type, state) -> type:
     """A subclass of the loader's own class that only replaces `__iter__`: the object stays
-    an instance of DataLoader (and of the user's subclass) with every attribute it had."""
-    sub = _WATCHED_CLASSES.get(cls)
-    if sub is None:
-        base_iter = cls.__iter__
+    an instance of DataLoader (and of the user's subclass) with every attribute it had.
 
-        def __iter__(self):
-            return start_epoch(self.__dict__["_starvewatch_state"], lambda: base_iter(self))
+    One subclass per watched loader, holding its state: code that rebuilds a loader from its
+    type (Lightning's `type(loader)(**kwargs)` to add a DistributedSampler) gets a loader
+    watched under the same name. A copy or deepcopy stays watched (the same loader); pickling
+    gives the loader as it was before `watch()`, since the run lives in this process."""
+    base_iter = cls.__iter__
 
-        sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "__starvewatch_watched__": True,
-                                          "__module__": cls.__module__,
-                                          "__qualname__": cls.__qualname__})
-        _WATCHED_CLASSES[cls] = sub
-    return sub
+    def __iter__(self):
+        return start_epoch(type(self)._starvewatch_state, lambda: base_iter(self))
+
+    def __reduce_ex__(self, protocol):
+        # copyreg's reconstructor (what protocols 0 and 1 use): unpickling needs no starvewatch
+        return copyreg._reconstructor, (cls, object, None), _plain_state(self)
+
+    return type(cls.__name__, (cls,), {
+        "__iter__": __iter__, "__reduce_ex__": __reduce_ex__, "__copy__": _copy,
+        "__deepcopy__": _deepcopy, "__starvewatch_watched__": True, "_starvewatch_state": state,
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+
+
+def _plain_state(obj):
+    getstate = getattr(obj, "__getstate__", None)  # object.__getstate__ is Python 3.11+
+    return getstate() if getstate is not None else dict(obj.__dict__)
+
+
+def _copy(self):
+    new = object.__new__(type(self))
+    new.__dict__.update(self.__dict__)
+    return new
+
+
+def _deepcopy(self, memo):
+    new = object.__new__(type(self))
+    memo[id(self)] = new
+    new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+    return new
 
 
 class WatchedIterable:
@@ -297,6 +320,15 @@ class WatchedIterable:
     def __getattr__(self, name):
         return getattr(self.__dict__["_sw_obj"], name)
 
+    def __reduce_ex__(self, protocol):
+        return _unwrapped, (self._sw_obj,)  # another process: the object as it was
+
+    def __copy__(self):
+        return type(self)(self._sw_obj, self._sw_state)
+
+    def __deepcopy__(self, memo):
+        return type(self)(copy.deepcopy(self._sw_obj, memo), self._sw_state)
+
     def __repr__(self) -> str:
         return f"watched({self._sw_obj!r})"
 
@@ -309,6 +341,10 @@ class WatchedIteratorProxy(WatchedIterable):
         if direct is None or direct._ended:
             direct = self.__dict__["_sw_direct"] = iter(self)
         return next(direct)
+
+
+def _unwrapped(obj):
+    return obj
 
 
 def is_watched(obj) -> bool:
@@ -327,7 +363,7 @@ def _target(loader):
         current = session.current_session()
         state = current.loaders.get(loader) if current is not None else None
     elif is_watched(loader):
-        state = loader.__dict__.get("_starvewatch_state") or loader.__dict__.get("_sw_state")
+        state = getattr(type(loader), "_starvewatch_state", None) or loader.__dict__.get("_sw_state")
     ref = state.current if state is not None else None
     return ref() if ref is not None else None
 

@@ -247,8 +247,7 @@ def watch(loader, name: str | None = None):
                 state = session.add_loader(name, dataloader_config(loader), loader.batch_size, "DataLoader")
                 from .workers import attach
                 state.board = attach(loader)
-            object.__setattr__(loader, "_starvewatch_state", state)
-            loader.__class__ = watched_dataloader_class(type(loader))
+            loader.__class__ = watched_dataloader_class(type(loader), state)
             return loader
         state = session.loaders.get(name) or session.add_loader(name, None, None, type(loader).__name__)
     cls = WatchedIteratorProxy if hasattr(loader, "__next__") else WatchedIterable
