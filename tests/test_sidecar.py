@@ -212,3 +212,37 @@ def test_batches_let_go_past_the_bound_are_counted_when_the_sidecar_then_dies(co
     summary = starvewatch.finish()
     assert lost > 0 and summary["loaders"][0]["steps"] + lost == first + second
     assert c.get(f"/api/v1/runs/{summary['run']['id']}/summary")["loaders"][0]["steps"] == first + second - lost
+
+
+def test_pipe_io_keeps_the_gil_and_behaves_like_os_read_and_write():
+    import pytest
+    from starvewatch.hooks.sidecar_link import PipeIO
+    io = PipeIO()
+    assert io._libc is not None  # glibc here: the GIL-keeping path is the one under test
+    r, w = os.pipe()
+    try:
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        with pytest.raises(BlockingIOError):
+            io.read(r)
+        data = bytes(range(256)) * 1024  # 256 KiB: more than a pipe holds
+        written = io.write(w, data, 0)
+        assert 0 < written < len(data)
+        with pytest.raises(BlockingIOError):
+            io.write(w, data, written)  # full
+        got = b""
+        while len(got) < written:
+            got += io.read(r)
+        assert got == data[:written]
+        written += io.write(w, data, written)  # room again: continues from the offset
+        rest = b""
+        while len(got) + len(rest) < written:
+            rest += io.read(r)
+        assert got + rest == data[:written]
+        os.close(w)
+        w = None
+        assert io.read(r) == b""  # EOF
+    finally:
+        os.close(r)
+        if w is not None:
+            os.close(w)

@@ -299,7 +299,8 @@ class Sampler(threading.Thread):
                     if link is not None and not final:
                         link.watch_pids(sorted(pids))
                     stalls.check(snapshots)
-                    self.session.shipper.nudge()
+                    if not final:
+                        self.session.shipper.drive()
                     # Fixed rate without drift: the next tick is on the grid, skipping missed ones.
                     next_host += host_every * max(1, int((now - next_host) // host_every) + 1)
                 if link is None and gpu_enabled and now >= next_gpu:

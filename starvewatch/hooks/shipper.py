@@ -15,6 +15,7 @@ from .transport import TransportError
 HEARTBEAT_S = 2.0           # an idle process still says it is alive this often
 GPU_PENDING_LIMIT_S = 30.0  # an event pair never completed by then yields no measurement
 GPU_FINAL_WAIT_S = 1.5      # at finish(), how long queued GPU work may take to drain
+DRIVEN_WAKE_S = 5.0         # while the sampler runs the cycles, this thread checks this often
 
 
 class Shipper(threading.Thread):
@@ -23,11 +24,13 @@ class Shipper(threading.Thread):
         self.session = session
         self.pipeline = pipeline  # records.LocalPipeline, or sidecar_link.SidecarPipeline
         self._wake = threading.Event()
+        self._cycle_lock = threading.Lock()
         self._stop_requested = threading.Event()
         self._done = threading.Event()
         self._seq = 0
         self._last_sent = 0.0
         self.last_cycle_at = time.monotonic()
+        self.driven_at = 0.0  # the last cycle the sampler thread ran
         self._meta_sent = False
         self._pending_gpu: list[tuple[float, tuple]] = []
         self.shipped_records = 0
@@ -41,29 +44,44 @@ class Shipper(threading.Thread):
             self._note_error(f"start-up: {exc}")
         interval = self.session.settings.ship_interval_s
         while not self._stop_requested.is_set():
-            # Usually the sampler thread wakes this one right after its own tick (see nudge()),
-            # so the two take the GIL from the training thread in one hand-off, not two; the
-            # timeout is the fallback when no sampler runs.
-            self._wake.wait(interval * 1.5)
-            self._wake.clear()
-            self.last_cycle_at = time.monotonic()
+            # Usually the sampler thread runs the cycles (see drive()); this thread then wakes
+            # only rarely, to take over if the sampler stopped driving, and for the final flush.
+            driven = time.monotonic() - self.driven_at < 2 * interval
+            self._wake.wait(DRIVEN_WAKE_S if driven else interval)
             if self._stop_requested.is_set():
                 break
-            try:
-                self.cycle()
-            except Exception as exc:
-                self._note_error(f"cycle: {exc!r}")
+            if time.monotonic() - self.last_cycle_at >= 0.9 * interval:
+                self._locked_cycle(blocking=True)
         try:
-            self.cycle(final=True)
+            self._locked_cycle(blocking=True, final=True)
         except Exception as exc:
             self._note_error(f"final flush: {exc!r}")
         finally:
             self._done.set()
 
-    def nudge(self) -> None:
-        """From the sampler thread, after its tick: cycle now if one is (nearly) due."""
+    def drive(self) -> None:
+        """From the sampler thread, right after its tick: run the cycle there when one is
+        (nearly) due. One thread taking the GIL from the training loop twice a second costs
+        it half the hand-offs of two threads doing so. Only while the sidecar delivers: an
+        in-process delivery may block on the network, and sampling must not wait for it."""
+        if not getattr(self.pipeline, "remote", False):
+            return
         if time.monotonic() - self.last_cycle_at >= 0.9 * self.session.settings.ship_interval_s:
-            self._wake.set()
+            self.driven_at = time.monotonic()
+            self._locked_cycle(blocking=False)
+
+    def _locked_cycle(self, blocking: bool, final: bool = False) -> None:
+        if not self._cycle_lock.acquire(blocking=blocking):
+            return  # the other thread is cycling
+        try:
+            self.last_cycle_at = time.monotonic()
+            self.cycle(final=final)
+        except Exception as exc:
+            if final:
+                raise
+            self._note_error(f"cycle: {exc!r}")
+        finally:
+            self._cycle_lock.release()
 
     def stop(self, timeout_s: float) -> bool:
         """Ask for the final flush and wait at most `timeout_s`; True when it completed."""
