@@ -246,3 +246,17 @@ def test_pipe_io_keeps_the_gil_and_behaves_like_os_read_and_write():
         os.close(r)
         if w is not None:
             os.close(w)
+
+
+def test_an_idle_run_costs_its_process_almost_no_cpu():
+    """The monitor's threads sleep between ticks: 1 s of an idle run (after a shipper wake-up,
+    which once left the shipper spinning) costs the training process a few ms of CPU."""
+    import time
+    from starvewatch.hooks.session import current_session
+    list(starvewatch.watch(range(1000)))
+    session = current_session()
+    session.shipper._wake.set()
+    wait_until(lambda: session.shipper.shipped_records == 1000, what="the records shipped")
+    cpu = time.process_time()
+    time.sleep(1.0)  # the measurement window, not a synchronization
+    assert time.process_time() - cpu < 0.2

@@ -129,6 +129,7 @@ class LocalPipeline:
     totals merged with the book's."""
 
     chunk = CHUNK
+    remote = False  # the work happens here, in the calling thread
 
     def __init__(self, delivery: Delivery, wall_offset_ns: int, *, vectorized: bool = False) -> None:
         self.delivery = delivery

@@ -1,6 +1,7 @@
-"""The shipper thread: drains the step buffer, resolves CUDA events, and hands the records to
-the pipeline (hooks/records.py, or the sidecar's through hooks/sidecar_link.py) in
-sequence-numbered batches. Never touches the training thread."""
+"""The shipper: drains the step buffer, resolves CUDA events, and hands the records to the
+pipeline (hooks/records.py, or the sidecar's through hooks/sidecar_link.py) in
+sequence-numbered batches. Its cycle runs on the sampler thread while the sidecar delivers
+(see `drive`), else on its own thread; never on the training thread."""
 from __future__ import annotations
 
 import threading
@@ -47,10 +48,11 @@ class Shipper(threading.Thread):
             # Usually the sampler thread runs the cycles (see drive()); this thread then wakes
             # only rarely, to take over if the sampler stopped driving, and for the final flush.
             driven = time.monotonic() - self.driven_at < 2 * interval
-            self._wake.wait(DRIVEN_WAKE_S if driven else interval)
+            woken = self._wake.wait(DRIVEN_WAKE_S if driven else interval)  # set: cycle now
+            self._wake.clear()
             if self._stop_requested.is_set():
                 break
-            if time.monotonic() - self.last_cycle_at >= 0.9 * interval:
+            if woken or time.monotonic() - self.last_cycle_at >= 0.9 * interval:
                 self._locked_cycle(blocking=True)
         try:
             self._locked_cycle(blocking=True, final=True)
@@ -64,7 +66,7 @@ class Shipper(threading.Thread):
         (nearly) due. One thread taking the GIL from the training loop twice a second costs
         it half the hand-offs of two threads doing so. Only while the sidecar delivers: an
         in-process delivery may block on the network, and sampling must not wait for it."""
-        if not getattr(self.pipeline, "remote", False):
+        if not self.pipeline.remote:
             return
         if time.monotonic() - self.last_cycle_at >= 0.9 * self.session.settings.ship_interval_s:
             self.driven_at = time.monotonic()
