@@ -260,3 +260,29 @@ def test_an_idle_run_costs_its_process_almost_no_cpu():
     cpu = time.process_time()
     time.sleep(1.0)  # the measurement window, not a synchronization
     assert time.process_time() - cpu < 0.2
+
+
+def test_gpu_measurements_travel_through_the_sidecar(monkeypatch):
+    """CUDA events are resolved in the training process, then the records cross to the sidecar."""
+    import time
+    from starvewatch.hooks import cuda
+    from starvewatch.hooks.session import current_session
+    from starvewatch.hooks.sidecar_link import SidecarPipeline
+    from starvewatch.hooks.transport import read_spool_file
+    from tests.test_measurement import FakeGpu
+    gpu = FakeGpu()
+    monkeypatch.setattr(cuda, "detect_event_factory", lambda: gpu.event)
+
+    def slow_source():
+        for i in range(25):
+            time.sleep(0.01)  # 10 ms data wait per step, with the GPU queue empty
+            yield i
+
+    for _ in starvewatch.watch(slow_source()):
+        gpu.launch(0.001)
+    session = current_session()
+    assert isinstance(session.shipper.pipeline, SidecarPipeline) and session.shipper.pipeline.remote
+    summary = starvewatch.finish()
+    assert summary["verdict"]["gpu_idle_fraction"] > 0.6
+    idle = [v for p in session.spool_dir.glob("*") for v in read_spool_file(p)["steps"]["gpu_idle_ns"]]
+    assert len(idle) == 25 and None not in idle and sum(v > 5_000_000 for v in idle) >= 24
