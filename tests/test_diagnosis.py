@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from starvewatch.monitor.analysis import LoaderData, summarize
-from starvewatch.monitor.diagnosis import DEFAULT, applied_config, verify
+from starvewatch.monitor.diagnosis import DEFAULT, applied_config, joint_changes_note, verify
 from starvewatch.stats import LoaderTotals, RecordStats
 
 MS = 1_000_000
@@ -126,6 +126,11 @@ def test_verify_after_change_confirms_or_refutes_with_measurements():
     verdicts = {r["parameter"]: r for r in good["verification"]["results"]}
     assert verdicts["num_workers"]["status"] == "confirmed" and verdicts["num_workers"]["measured_speedup"] > 2
     assert good["verification"]["changed"]["train"]["num_workers"] == [0, 3]
+    # applied in one run: the measured speed-up is theirs jointly, and the verdict says so
+    assert verdicts["num_workers"]["applied_together"] == ["persistent_workers=True"]
+    assert joint_changes_note(good["verification"]) == [
+        "train: num_workers=3, persistent_workers=True were applied together; the measured speed-up "
+        "is theirs jointly, each judged against its own expectation."]
     bad = run(loader(wait_ms=19, compute_ms=10, workers=3, persistent=True), previous=before)
     assert {r["parameter"]: r["status"] for r in bad["verification"]["results"]}["num_workers"] == "refuted"
     assert verify(before, before) is None  # nothing changed: nothing to verify

@@ -5,6 +5,7 @@ import json
 
 from dash import dcc, html
 
+from ..monitor.diagnosis import joint_changes_note
 from ..monitor.export import compare_rows, snippet
 
 
@@ -131,7 +132,8 @@ def compare_panel(before: dict, after: dict, verification: dict | None) -> html.
                   num(r["expected_speedup"], 2, "x"), num(r["measured_speedup"], 2, "x"), badge_status(r["status"])]
                  for r in verification["results"]]
         parts += [html.H4("Verify after change"),
-                  table(["loader", "change", "applied", "expected", "measured", "verdict"], vrows, "verify-table")]
+                  table(["loader", "change", "applied", "expected", "measured", "verdict"], vrows, "verify-table"),
+                  *[html.P(note, className="note") for note in joint_changes_note(verification)]]
     else:
         parts.append(html.P("The loader configurations are the same: nothing to verify."))
     return html.Div(parts)

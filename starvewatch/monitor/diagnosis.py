@@ -371,7 +371,21 @@ def verify(previous: dict, current: dict) -> dict | None:
                         "wait_fraction_before": old.get("input_wait_fraction") if old else None,
                         "wait_fraction_after": now.get("input_wait_fraction") if now else None,
                         "status": status})
+    # Changes applied to one loader in the same run share one measured speed-up: say so.
+    for r in results:
+        r["applied_together"] = [f"{o['parameter']}={o['suggested']!r}" for o in results
+                                 if o is not r and o["applied"] and r["applied"] and o["loader"] == r["loader"]]
     return {"previous_run": previous["run"]["id"], "changed": changed, "results": results}
+
+
+def joint_changes_note(verification: dict | None) -> list[str]:
+    """One sentence per loader whose applied changes share one measured speed-up."""
+    groups: dict[str, list[str]] = {}
+    for r in (verification or {}).get("results", []):
+        if r["applied"] and r.get("applied_together"):
+            groups.setdefault(r["loader"], []).append(f"{r['parameter']}={r['suggested']!r}")
+    return [f"{loader}: {', '.join(changes)} were applied together; the measured speed-up is theirs "
+            f"jointly, each judged against its own expectation." for loader, changes in groups.items()]
 
 
 def thresholds_dict(t: Thresholds = DEFAULT) -> dict:

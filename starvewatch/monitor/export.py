@@ -6,6 +6,8 @@ import html
 import io
 import json
 
+from .diagnosis import joint_changes_note
+
 CSV_COLUMNS = ("run", "rank", "loader", "epoch", "step", "start_ns", "wait_ms", "compute_ms", "other_ms",
                "gpu_idle_ms", "batch_size")
 
@@ -121,6 +123,9 @@ def compare_table(before: dict | None, after: dict, verification: dict | None) -
         for r in verification["results"]:
             lines.append(f"| {r['loader']} | {r['parameter']}={r['suggested']!r} | {'yes' if r['applied'] else 'no'} | "
                          f"{_num(r['expected_speedup'])}x | {_num(r['measured_speedup'])}x | {r['status']} |")
+        notes = joint_changes_note(verification)
+        if notes:
+            lines += [""] + notes
     return "\n".join(lines)
 
 
