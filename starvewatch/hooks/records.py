@@ -9,6 +9,7 @@ So both produce the same payloads and the same summary.
 from __future__ import annotations
 
 import itertools
+import marshal
 from operator import itemgetter, sub
 
 from ..schema import STEP_COLUMNS
@@ -161,6 +162,14 @@ class LocalPipeline:
         book.seq = header["seq"]
         self.delivery.deliver(payload, deadline=deadline)
         return len(steps["step"])
+
+    def send_packed(self, header: dict, parts: list[bytes], deadline: float | None = None) -> int:
+        """Deliver a batch as the training process packed it for the sidecar (marshalled
+        chunks of records): in the sidecar, and in the training process after a take-over."""
+        names = [loader["name"] for loader in header["loaders"]]
+        for part in parts:
+            self.add(marshal.loads(part), names)
+        return self.send(header, deadline)
 
     def book(self) -> RecordBook:
         return self.current_book

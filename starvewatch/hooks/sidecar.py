@@ -22,7 +22,6 @@ Run as `python -m starvewatch.hooks.sidecar`; nothing here is imported by the ho
 from __future__ import annotations
 
 import json
-import marshal
 import os
 import queue
 import signal
@@ -118,11 +117,8 @@ class Sidecar:
                 continue
             if kind == "batch":
                 header, parts = body
-                names = [loader["name"] for loader in header["loaders"]]
-                for part in parts:
-                    self.pipeline.add(marshal.loads(part), names)
                 try:
-                    self.pipeline.send(header, self.flush_deadline)
+                    self.pipeline.send_packed(header, parts, self.flush_deadline)
                 except (OSError, TransportError) as exc:  # a full disk: counted, never fatal
                     print(f"starvewatch sidecar: {exc}", file=sys.stderr)
                 # The book first: the training process takes it over with the acknowledgement.

@@ -312,10 +312,7 @@ class SidecarPipeline:
         self.lost_records += sum(self._let_go.values())  # neither in the book nor here
         self._let_go.clear()
         for header, parts, _ in self._unacked.values():
-            names = [loader["name"] for loader in header["loaders"]]
-            for part in parts:
-                self.local.add(marshal.loads(part), names)
-            self.local.send(header, deadline)
+            self.local.send_packed(header, parts, deadline)
         self._unacked.clear()
         self._unacked_bytes = 0
 
