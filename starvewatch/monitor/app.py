@@ -181,6 +181,11 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     def summary(run_id: str, rank: int | None = Q(None, ge=0)):
         return FastJSONResponse(state["query"].summary(run_id, rank))
 
+    @app.get("/api/v1/runs/{run_id}/stragglers")
+    def stragglers(run_id: str):
+        state["query"].run_meta(run_id)  # 404 for an unknown run
+        return FastJSONResponse(state["query"].stragglers(run_id))
+
     @app.get("/api/v1/runs/{run_id}/steps")
     def steps(run_id: str, after: int = Q(0, ge=0), limit: int = Q(10_000, ge=1, le=100_000),
               loader: str | None = None):

@@ -1,0 +1,115 @@
+"""torchrun with two ranks (gloo, CPU), an all-reduce every step: one run, per-rank series and
+verdicts, and the straggler rule naming the slow rank (monitor/stragglers.py)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from starvewatch.monitor.stragglers import find_stragglers, judge_window, WindowSums, windows_from_rows
+
+from .conftest import free_port, wait_until
+
+PROGRAM = Path(__file__).parent / "programs" / "ddp_train.py"
+
+
+def torchrun(collector, tmp_path, slow: str, name: str, steps: int = 60):
+    env = {**os.environ, "STARVEWATCH_URL": collector.url, "STARVEWATCH_RUN_NAME": name,
+           "SW_SLOW": slow, "SW_STEPS": str(steps), "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+           "STARVEWATCH_DIR": str(tmp_path / f"sw-{name}")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+           "127.0.0.1", "--master-port", str(free_port()), str(PROGRAM)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count(f"finished {steps} steps") == 2, done.stdout
+    runs = wait_until(lambda: [r for r in collector.get("/api/v1/runs")["runs"]
+                               if r["name"] == name and r["status"] == "finished"], what="the finished run")
+    assert len(runs) == 1, runs  # both ranks in ONE run
+    return runs[0]
+
+
+@pytest.fixture
+def ddp_collector(collector):
+    return collector()
+
+
+def test_slow_loading_on_rank1_is_an_input_straggler(ddp_collector, tmp_path):
+    run = torchrun(ddp_collector, tmp_path, "load", "ddp-load")
+    assert run["ranks"] == 2
+    run_id = run["id"]
+    detail = ddp_collector.get(f"/api/v1/runs/{run_id}")
+    assert sorted(r["rank"] for r in detail["ranks"]) == [0, 1]
+    # Per-rank series and verdicts.
+    for rank in (0, 1):
+        series = ddp_collector.get(f"/api/v1/runs/{run_id}/steps/series?loader=train&rank={rank}")
+        assert sum(p["count"] for p in series["points"]) == 60
+    waits = {rank: ddp_collector.get(f"/api/v1/runs/{run_id}/summary?rank={rank}")["verdict"]
+             for rank in (0, 1)}
+    assert waits[1]["input_bound"] == "high", waits
+    assert waits[1]["input_wait_fraction"] > waits[0]["input_wait_fraction"] + 0.3, waits
+    found = ddp_collector.get(f"/api/v1/runs/{run_id}/stragglers")
+    assert found["ranks"] == [0, 1]
+    assert [(s["rank"], s["kind"], s["severity"]) for s in found["stragglers"]] == [(1, "input", "critical")]
+    cause = found["stragglers"][0]["cause"]
+    # Its own samples: rank 1's loader loads on the training thread and is told to use workers.
+    assert cause["limiting_factor"] in ("input_bound_io", "input_bound_cpu"), cause
+    assert cause["recommendation"]["parameter"] == "num_workers", cause
+    assert cause["host"], cause
+    # Unmarked steps: the all-reduce's wait is in rank 0's compute, so compute is not judged.
+    assert found["compute_measured"] == {"train": False}
+    summary = ddp_collector.get(f"/api/v1/runs/{run_id}/summary")
+    assert summary["stragglers"]["stragglers"][0]["rank"] == 1
+
+
+def test_slow_compute_on_rank1_is_a_compute_straggler(ddp_collector, tmp_path):
+    run = torchrun(ddp_collector, tmp_path, "compute", "ddp-compute")
+    found = ddp_collector.get(f"/api/v1/runs/{run['id']}/stragglers")
+    assert found["compute_measured"] == {"train": True}
+    assert [(s["rank"], s["kind"], s["severity"]) for s in found["stragglers"]] == [(1, "compute", "critical")]
+    assert "before the collective" in found["stragglers"][0]["cause"]["text"]
+    # Rank 0 waited for rank 1 inside the all-reduce: outside its marked compute.
+    per_rank = found["per_rank"]["train"]
+    assert per_rank["0"]["compute_excess_fraction"] == 0.0
+    assert per_rank["1"]["compute_excess_fraction"] >= 0.2
+
+
+# ---- the rule itself, on constructed windows -------------------------------------------------
+def _window(waits_ms, computes_ms, others_ms=None, steps=20, marked=True):
+    others_ms = others_ms or [0.0] * len(waits_ms)
+    return {rank: WindowSums(steps, int(w * 1e6 * steps), int(c * 1e6 * steps), int(o * 1e6 * steps),
+                             steps if marked else 0)
+            for rank, (w, c, o) in enumerate(zip(waits_ms, computes_ms, others_ms))}
+
+
+@pytest.mark.parametrize("excess_ms, expected", [(9.0, None), (10.5, "warning"), (19.5, "warning"),
+                                                  (20.5, "critical")])
+def test_input_thresholds_are_shares_of_the_step_time(excess_ms, expected):
+    # Four ranks, step time 100 ms everywhere; rank 2 waits `excess_ms` more than the median rank.
+    waits = [5.0, 5.0, 5.0 + excess_ms, 6.0]
+    computes = [95.0, 95.0, 95.0 - excess_ms, 94.0]
+    verdict = judge_window("train", 0, 0, _window(waits, computes, marked=False))
+    result = find_stragglers([verdict])
+    named = [(s["rank"], s["kind"], s["severity"]) for s in result["stragglers"]]
+    assert named == ([] if expected is None else [(2, "input", expected)])
+
+
+def test_unmarked_compute_is_not_judged_and_marked_compute_is():
+    # Rank 1 computes 30 ms longer before the collective; rank 0 waits for it in the collective.
+    unmarked = judge_window("train", 0, 0, _window([2, 2], [100, 100], marked=False))
+    assert unmarked.excess[1][1] is None
+    assert find_stragglers([unmarked])["stragglers"] == []
+    marked = judge_window("train", 0, 0, _window([2, 2], [70, 100], [30, 0]))
+    assert [(s["rank"], s["kind"], s["severity"]) for s in find_stragglers([marked])["stragglers"]] == \
+        [(1, "compute", "critical")]
+
+
+def test_one_noisy_window_names_no_one_and_partial_windows_wait():
+    calm = [judge_window("train", 0, i, _window([2, 2], [50, 50], marked=False)) for i in range(4)]
+    spike = judge_window("train", 0, 4, _window([2, 40], [50, 12], marked=False))
+    assert find_stragglers(calm + [spike])["stragglers"] == []
+    assert find_stragglers(calm + [spike] * 5)["stragglers"][0]["rank"] == 1
+    # A live run: rank 1 has shipped half of this window so far.
+    rows = [("train", 0, 0, 0, 20, 40_000_000, 1_000_000_000, 0, 0),
+            ("train", 0, 0, 1, 10, 400_000_000, 500_000_000, 0, 0)]
+    assert windows_from_rows(rows) == []
