@@ -9,7 +9,12 @@ import pytest
 
 from starvewatch.monitor.stragglers import find_stragglers, judge_window, WindowSums, windows_from_rows
 
+from starvewatch.dashboard import callbacks
+from starvewatch.monitor.query import Query
+from starvewatch.monitor.store import Store
+
 from .conftest import free_port, wait_until
+from .test_dashboard_views import _text
 
 PROGRAM = Path(__file__).parent / "programs" / "ddp_train.py"
 
@@ -60,6 +65,29 @@ def test_slow_loading_on_rank1_is_an_input_straggler(ddp_collector, tmp_path):
     assert found["compute_measured"] == {"train": False}
     summary = ddp_collector.get(f"/api/v1/runs/{run_id}/summary")
     assert summary["stragglers"]["stragglers"][0]["rank"] == 1
+    # The dashboard's per-rank view marks rank 1's row (read from the collector's own database).
+    store = Store(ddp_collector.directory / "starvewatch.db")
+    try:
+        ranks = callbacks.run_view(Query(store), run_id, None)["ranks"]
+    finally:
+        store.close()
+    rows = {row.id: row for row in _find(ranks, "ranks-table").children[1].children}
+    assert rows["rank-row-1"].className == "sw-straggler"
+    assert getattr(rows["rank-row-0"], "className", None) is None
+    assert "input straggler" in _text(rows["rank-row-1"]) and "input straggler" not in _text(rows["rank-row-0"])
+    assert "Rank 1 (train): critical input straggler" in _text(ranks)
+
+
+def _find(component, component_id):
+    if getattr(component, "id", None) == component_id:
+        return component
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, (list, tuple)) else [children]:
+        if child is not None and not isinstance(child, (str, int, float)):
+            hit = _find(child, component_id)
+            if hit is not None:
+                return hit
+    return None
 
 
 def test_slow_compute_on_rank1_is_a_compute_straggler(ddp_collector, tmp_path):
