@@ -130,6 +130,10 @@ def test_unmarked_compute_is_not_judged_and_marked_compute_is():
     marked = judge_window("train", 0, 0, _window([2, 2], [70, 100], [30, 0]))
     assert [(s["rank"], s["kind"], s["severity"]) for s in find_stragglers([marked])["stragglers"]] == \
         [(1, "compute", "critical")]
+    # step() around a DDP backward: the collective is inside the marked compute. Rank 1's loading
+    # is slow; rank 0 waits for it inside its "compute". Only rank 1 is named, for its input.
+    inside = judge_window("train", 0, 0, _window([2, 32], [100, 70], [1, 1]))
+    assert [(s["rank"], s["kind"]) for s in find_stragglers([inside])["stragglers"]] == [(1, "input")]
 
 
 def test_one_noisy_window_names_no_one_and_partial_windows_wait():

@@ -11,7 +11,9 @@ every rank):
 - **compute straggler**: the same rule on compute, judged only where the compute before the
   collective is measured (every rank marks its steps with `starvewatch.step()` or a framework
   callback, so the collective's wait falls in `other_ms`, outside compute). Unmarked compute
-  includes the collective's wait, so the fastest rank would look slowest: not judged.
+  includes the collective's wait, so the fastest rank would look slowest: not judged. A compute
+  straggler also reaches the collective later: its wait + compute must exceed the median rank's
+  by as much, which keeps a rank whose marked compute holds the collective from being named.
 
 "The median rank" with an even number of ranks is the lower median (with two ranks: the faster
 one), so the reference is always a real rank's measurement. A rank is named when the median of
@@ -88,12 +90,19 @@ def judge_window(loader: str, epoch: int, window: int, per_rank: dict[int, Windo
     if step_ns <= 0:
         return None
     measured = all(s.marked_steps >= t.marked_share * s.steps for s in per_rank.values())
+    busy = {r: wait[r] + compute[r] for r in per_rank}
     wait_ref, compute_ref = lower_median(list(wait.values())), lower_median(list(compute.values()))
+    busy_ref = lower_median(list(busy.values()))
     first = window * t.window_steps
     verdict = WindowVerdict(loader, epoch, first, first + t.window_steps - 1, step_ns / 1e6, measured)
     for rank in per_rank:
-        verdict.excess[rank] = ((wait[rank] - wait_ref) / step_ns,
-                                (compute[rank] - compute_ref) / step_ns if measured else None)
+        compute_excess = None
+        if measured:
+            # A rank computing longer also reaches the collective later (wait + compute is
+            # longer too). Where the marked compute still holds the collective (step() around a
+            # DDP backward), the early ranks' compute is longer but they do not arrive later.
+            compute_excess = min(compute[rank] - compute_ref, busy[rank] - busy_ref) / step_ns
+        verdict.excess[rank] = ((wait[rank] - wait_ref) / step_ns, compute_excess)
     return verdict
 
 
