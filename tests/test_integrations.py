@@ -78,3 +78,25 @@ def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed
         assert loaders["train"]["steps"] == 16, loaders["train"]
         assert loaders["train"]["config"]["sampler"] == "DistributedSampler"
         assert loaders["val"]["config"]["sampler"] == "DistributedSampler"
+
+
+# ---- Hugging Face ----------------------------------------------------------------------------
+def test_transformers_trainer_callback_and_the_accelerate_one_liner(tmp_path):
+    env = {**os.environ, "SW_EVAL": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, str(PROGRAMS / "hf_train.py"), str(tmp_path / "out")], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    trainer = result["trainer"]
+    assert trainer["run"]["name"] == "hf-tiny" and trainer["run"]["status"] == "finished"
+    loaders = _loaders(trainer)
+    # 48 samples / batch 4 = 12 steps per epoch, 2 epochs; evaluation 16 / 4 = 4 per epoch.
+    assert (loaders["train"]["steps"], loaders["train"]["epochs"]) == (24, 2)
+    assert (loaders["val"]["steps"], loaders["val"]["epochs"]) == (8, 2)
+    assert loaders["train"]["wait_ms"]["p50"] >= 7.0  # ~2 ms per sample, 4 per batch
+    assert loaders["train"]["other_ms_total"] > 0  # steps marked from on_step_begin to on_step_end
+    # accelerate: the loader prepare() returned is still accelerate's, and it was watched.
+    assert result["loader_type"] == "DataLoaderShard"
+    acc = _loaders(result["accelerate"])
+    assert result["accelerate"]["run"]["name"] == "accelerate-tiny"
+    assert (acc["train"]["steps"], acc["train"]["epochs"]) == (12, 1)
