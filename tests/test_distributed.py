@@ -145,3 +145,18 @@ def test_one_noisy_window_names_no_one_and_partial_windows_wait():
     rows = [("train", 0, 0, 0, 20, 40_000_000, 1_000_000_000, 0, 0),
             ("train", 0, 0, 1, 10, 400_000_000, 500_000_000, 0, 0)]
     assert windows_from_rows(rows) == []
+
+
+def test_a_forward_phase_is_the_compute_before_the_collective():
+    # Unmarked steps (other = 0) whose compute holds the all-reduce: equal on both ranks. The
+    # forward phases (a framework callback's) show rank 1 computing 30 ms longer before it.
+    rows = [("train", 0, 0, 0, 20, 20 * 2_000_000, 20 * 98_000_000, 0, 0),
+            ("train", 0, 0, 1, 20, 20 * 2_000_000, 20 * 98_000_000, 0, 0)]
+    forward = [("train", 0, 0, 0, 20, 20 * 10_000_000), ("train", 0, 0, 1, 20, 20 * 40_000_000)]
+    assert find_stragglers(windows_from_rows(rows))["stragglers"] == []
+    found = find_stragglers(windows_from_rows(rows, forward_rows=forward))
+    assert [(s["rank"], s["kind"], s["severity"], s["excess_fraction"]) for s in found["stragglers"]] == \
+        [(1, "compute", "critical", 0.3)]
+    # Forward phases on only a few of one rank's steps: not enough to judge.
+    assert find_stragglers(windows_from_rows(rows, forward_rows=forward[:1] + [
+        ("train", 0, 0, 1, 5, 5 * 40_000_000)]))["stragglers"] == []

@@ -62,9 +62,11 @@ def test_lightning_callback_watches_train_and_val_and_finishes_with_the_trainer(
 
 
 def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed_sampler(collector, tmp_path):
+    """Rank 1's training_step takes 30 ms more: under DDP rank 0 waits for it in backward's
+    all-reduce, and the callback's forward phase names rank 1 a compute straggler."""
     c = collector()
     env = {**os.environ, "STARVEWATCH_URL": c.url, "SW_NAME": "lightning-ddp", "GLOO_SOCKET_IFNAME": "lo",
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "SW_SLOW_FORWARD_RANK": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), str(PROGRAMS / "lightning_train.py")]
     done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
@@ -78,6 +80,10 @@ def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed
         assert loaders["train"]["steps"] == 16, loaders["train"]
         assert loaders["train"]["config"]["sampler"] == "DistributedSampler"
         assert loaders["val"]["config"]["sampler"] == "DistributedSampler"
+    found = c.get(f"/api/v1/runs/{run[0]['id']}/stragglers")
+    assert found["compute_measured"]["train"] is True
+    named = [(s["rank"], s["kind"], s["loader"]) for s in found["stragglers"]]
+    assert named == [(1, "compute", "train")], found
 
 
 # ---- Hugging Face ----------------------------------------------------------------------------

@@ -75,3 +75,21 @@ class StepMark:
         timer, self._timer = self._timer, None
         if timer is not None:
             timer.__exit__(None, None, None)
+
+
+class PhaseMark:
+    """`starvewatch.phase(name)` entered and left from two different framework hooks; starting
+    a phase ends the one in progress."""
+
+    def __init__(self) -> None:
+        self._timer = None
+
+    def start(self, name: str) -> None:
+        self.stop()
+        self._timer = starvewatch.phase(name)
+        self._timer.__enter__()
+
+    def stop(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.__exit__(None, None, None)

@@ -7,13 +7,15 @@ steps and finishes the run with the trainer.
 Loaders are watched as Lightning hands them to its loops, so a loader Lightning rebuilt with a
 DistributedSampler is the one watched; they are named `train` and `val` (`train_1`... for more).
 Each training batch is marked as a step from `on_train_batch_start` to `on_train_batch_end`;
-time outside it (Lightning's own bookkeeping) is reported as `other_ms`.
+time outside it (Lightning's own bookkeeping) is reported as `other_ms`. Phases `forward` (up to
+`on_before_backward`) and `backward` are recorded: under DDP the forward phase is the compute
+before the gradient all-reduce, which the straggler rule compares across ranks.
 """
 from __future__ import annotations
 
 import starvewatch
 
-from ._common import StepMark, loader_name, require, set_rank_env, watch_current
+from ._common import PhaseMark, StepMark, loader_name, require, set_rank_env, watch_current
 
 
 def _lightning():
@@ -55,6 +57,7 @@ class StarvewatchCallback(_pl.Callback):
         self.url = url
         self.summary: dict | None = None
         self._step = StepMark()
+        self._phase = PhaseMark()
 
     # ---- the run -------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -68,6 +71,7 @@ class StarvewatchCallback(_pl.Callback):
         self._finish()
 
     def _finish(self) -> None:
+        self._phase.stop()
         self._step.stop()
         self.summary = starvewatch.finish()
 
@@ -79,9 +83,19 @@ class StarvewatchCallback(_pl.Callback):
         loop = trainer.fit_loop.epoch_loop.val_loop if trainer.state.fn == "fit" else trainer.validate_loop
         _watch_combined(getattr(loop, "_combined_loader", None), "val")
 
-    # ---- steps ---------------------------------------------------------------------------
+    # ---- steps and their phases -----------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step.start("train")
+        self._phase.start("forward")
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        # DDP's gradient all-reduce runs inside backward: the forward phase is the compute
+        # before the collective, which the straggler rule compares across ranks.
+        self._phase.start("backward")
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        self._phase.stop()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._phase.stop()
         self._step.stop()

@@ -112,7 +112,10 @@ class Query:
             "SELECT loader, epoch, step / ?, rank, count(*), sum(wait_ns), sum(compute_ns), sum(other_ns), "
             "sum(other_ns > 0) FROM steps WHERE rowid BETWEEN ? AND ? AND run_id = ? "
             "GROUP BY loader, epoch, step / ?, rank", (width, *span, run_id, width)).fetchall()
-        result = find_stragglers(windows_from_rows(rows))
+        forward = self.store.reader().execute(
+            "SELECT loader, epoch, step / ?, rank, count(*), sum(ns) FROM phases WHERE run_id = ? "
+            "AND name = 'forward' GROUP BY loader, epoch, step / ?, rank", (width, run_id, width)).fetchall()
+        result = find_stragglers(windows_from_rows(rows, forward_rows=forward))
         hosts = {s["rank"]: s["stream"].rsplit("-", 2)[0] for s in streams}  # "<host>-<pid>-<hex>"
         systems = {rank: {**(self.system_overview(run_id, rank) or {}), "host": hosts.get(rank)}
                    for rank in ranks}

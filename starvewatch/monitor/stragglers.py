@@ -9,8 +9,9 @@ every rank):
 - **input straggler**: a rank whose mean input wait exceeds the median rank's by 10% of the
   step time or more (warning), 20% or more (critical);
 - **compute straggler**: the same rule on compute, judged only where the compute before the
-  collective is measured (every rank marks its steps with `starvewatch.step()` or a framework
-  callback, so the collective's wait falls in `other_ms`, outside compute). Unmarked compute
+  collective is measured: every rank records a `forward` phase (the Lightning callback does,
+  up to `on_before_backward`, where DDP's all-reduce begins; or `starvewatch.phase("forward")`),
+  or marks its steps with `starvewatch.step()` so the collective's wait falls in `other_ms`. Unmarked compute
   includes the collective's wait, so the fastest rank would look slowest: not judged. A compute
   straggler also reaches the collective later: its wait + compute must exceed the median rank's
   by as much, which keeps a rank whose marked compute holds the collective from being named.
@@ -46,6 +47,8 @@ class WindowSums:
     compute_ns: int
     other_ns: int
     marked_steps: int = 0   # steps whose `other_ns` > 0: the compute was marked with step()
+    forward_steps: int = 0  # steps with a `forward` phase (a framework callback's, or phase())
+    forward_ns: int = 0
 
 
 @dataclass
@@ -89,7 +92,14 @@ def judge_window(loader: str, epoch: int, window: int, per_rank: dict[int, Windo
     step_ns = lower_median(list(step.values()))
     if step_ns <= 0:
         return None
-    measured = all(s.marked_steps >= t.marked_share * s.steps for s in per_rank.values())
+    # The compute before the collective: the `forward` phase where every rank has one (the
+    # Lightning callback marks it up to on_before_backward, where DDP's all-reduce starts),
+    # else the step()-marked compute.
+    if all(s.forward_steps >= t.marked_share * s.steps for s in per_rank.values()):
+        compute = {r: s.forward_ns / s.forward_steps for r, s in per_rank.items()}
+        measured = True
+    else:
+        measured = all(s.marked_steps >= t.marked_share * s.steps for s in per_rank.values())
     busy = {r: wait[r] + compute[r] for r in per_rank}
     wait_ref, compute_ref = lower_median(list(wait.values())), lower_median(list(compute.values()))
     busy_ref = lower_median(list(busy.values()))
@@ -157,13 +167,16 @@ def _median(values: list[float]) -> float:
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
-def windows_from_rows(rows, t: StragglerThresholds = DEFAULT) -> list[WindowVerdict]:
+def windows_from_rows(rows, t: StragglerThresholds = DEFAULT, forward_rows=()) -> list[WindowVerdict]:
     """Rows of (loader, epoch, window, rank, steps, wait_ns, compute_ns, other_ns, marked_steps),
-    in any order, into judged windows ordered by loader, epoch and window."""
+    and of (loader, epoch, window, rank, steps, forward_ns) for `forward` phases, in any order,
+    into judged windows ordered by loader, epoch and window."""
+    forward = {tuple(r[:4]): (int(r[4]), int(r[5])) for r in forward_rows}
     grouped: dict[tuple[str, int, int], dict[int, WindowSums]] = {}
     for loader, epoch, window, rank, steps, wait, compute, other, marked in rows:
+        f_steps, f_ns = forward.get((loader, epoch, window, rank), (0, 0))
         grouped.setdefault((loader, epoch, window), {})[rank] = WindowSums(
-            int(steps), int(wait), int(compute), int(other), int(marked))
+            int(steps), int(wait), int(compute), int(other), int(marked), f_steps, f_ns)
     out = []
     for (loader, epoch, window), per_rank in sorted(grouped.items()):
         verdict = judge_window(loader, epoch, window, per_rank, t)

@@ -14,6 +14,7 @@ from starvewatch.integrations.lightning import StarvewatchCallback
 
 TRAIN, VAL, BATCH, EPOCHS = 64, 16, 4, 2
 SLEEP_S = float(os.environ.get("SW_LOAD_S", "0.002"))
+SLOW_FORWARD_RANK = int(os.environ.get("SW_SLOW_FORWARD_RANK", "-1"))  # this rank's forward takes 30 ms more
 
 
 class Synthetic(Dataset):
@@ -35,6 +36,8 @@ class Tiny(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
+        if self.global_rank == SLOW_FORWARD_RANK:
+            time.sleep(0.03)
         return torch.nn.functional.mse_loss(self.layer(x), y)
 
     def validation_step(self, batch, batch_idx):
