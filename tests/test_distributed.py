@@ -65,6 +65,9 @@ def test_slow_loading_on_rank1_is_an_input_straggler(ddp_collector, tmp_path):
     assert found["compute_measured"] == {"train": False}
     summary = ddp_collector.get(f"/api/v1/runs/{run_id}/summary")
     assert summary["stragglers"]["stragglers"][0]["rank"] == 1
+    status, report = ddp_collector.request("GET", f"/api/v1/runs/{run_id}/export?format=md")
+    assert status == 200
+    assert "## Stragglers" in report.decode() and "**rank 1**, train: critical input straggler" in report.decode()
     # The dashboard's per-rank view marks rank 1's row (read from the collector's own database).
     store = Store(ddp_collector.directory / "starvewatch.db")
     try:

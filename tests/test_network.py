@@ -10,7 +10,6 @@ import random
 import secrets
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest

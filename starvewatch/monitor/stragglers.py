@@ -225,3 +225,21 @@ def likely_cause(finding: dict, rank_summary: dict | None, rank_system: dict | N
 def _mean_of(systems: list[dict], key: str) -> float | None:
     values = [s.get(key) for s in systems if s and s.get(key) is not None]
     return sum(values) / len(values) if values else None
+
+
+def markdown_lines(result: dict | None) -> list[str]:
+    """The report's "Stragglers" section (none for a single-rank run)."""
+    if not result:
+        return []
+    lines = ["", "## Stragglers", "",
+             f"Ranks compared per window of {result['rule']['window_steps']} aligned steps ({result['windows']} "
+             f"windows): excess over the median rank of {100 * result['rule']['warning_fraction']:.0f}% of the step "
+             f"time is a warning, {100 * result['rule']['critical_fraction']:.0f}% critical.", ""]
+    if not result["stragglers"]:
+        lines.append("No straggler: the ranks wait and compute alike.")
+    for s in result["stragglers"]:
+        cause = (s.get("cause") or {}).get("text") or ""
+        lines.append(f"- **rank {s['rank']}**, {s['loader']}: {s['severity']} {s['kind']} straggler, "
+                     f"+{s['excess_ms']:.1f} ms of a {s['step_ms']:.1f} ms step "
+                     f"({100 * s['excess_fraction']:.0f}%). {cause}")
+    return lines
