@@ -163,3 +163,27 @@ def test_a_forward_phase_is_the_compute_before_the_collective():
     # Forward phases on only a few of one rank's steps: not enough to judge.
     assert find_stragglers(windows_from_rows(rows, forward_rows=forward[:1] + [
         ("train", 0, 0, 1, 5, 5 * 40_000_000)]))["stragglers"] == []
+
+
+def test_a_long_run_is_judged_on_each_ranks_recent_steps(tmp_path):
+    """Rank by rank (as a spool import stores them), longer than the bound: every rank's latest
+    records are read, so windows still align, and the work stays bounded."""
+    import orjson
+
+    from starvewatch.monitor.models import EventBatch
+
+    from .test_collector_api import batch
+    store = Store(tmp_path / "db.sqlite")
+    try:
+        for rank, (wait, compute) in enumerate(((2_000_000, 8_000_000), (9_000_000, 1_000_000))):
+            for k in range(10):
+                store.ingest(EventBatch.model_validate_json(orjson.dumps(batch(
+                    run_id="long", stream=f"s{rank}", seq=k + 1, rank=rank, n=1000, step0=k * 1000,
+                    wait_ns=wait, compute_ns=compute))))
+        query = Query(store)
+        query.STRAGGLER_ROWS = 4000  # 2,000 recent records per rank
+        found = query.stragglers("long")
+        assert [(s["rank"], s["kind"], s["severity"]) for s in found["stragglers"]] == [(1, "input", "critical")]
+        assert found["windows"] == 2000 // 20  # steps 8000..9999 of both ranks, nothing older
+    finally:
+        store.close()

@@ -98,6 +98,31 @@ class Query:
             summary["stragglers"] = self.stragglers(run_id)
         return summary
 
+    STRAGGLER_ROWS = 100_000
+
+    def _recent_step_ranges(self, run_id: str, ranks: int) -> list[tuple[int, int]]:
+        """Rowid ranges of each rank's latest step records, about STRAGGLER_ROWS in all: a long
+        run is judged on its recent steps, so the answer costs the same at any length. Each
+        stored block holds one batch of one rank (its rank read from its first row)."""
+        quota = self.STRAGGLER_ROWS // max(1, ranks)
+        taken: dict[int, int] = {}
+        picked = []
+        for first, last, rank in self.store.reader().execute(
+                "SELECT b.first_rowid, b.last_rowid, s.rank FROM step_blocks b JOIN steps s "
+                "ON s.rowid = b.first_rowid WHERE b.run_id = ? ORDER BY b.last_rowid DESC", (run_id,)):
+            if taken.get(rank, 0) < quota:
+                taken[rank] = taken.get(rank, 0) + last - first + 1
+                picked.append((first, last))
+            elif len(taken) >= ranks and all(n >= quota for n in taken.values()):
+                break
+        merged: list[list[int]] = []
+        for first, last in sorted(picked):
+            if merged and first == merged[-1][1] + 1:
+                merged[-1][1] = last
+            else:
+                merged.append([first, last])
+        return [(a, b) for a, b in merged]
+
     @cached(per_run=True)
     def stragglers(self, run_id: str) -> dict | None:
         """Ranks that hold a synchronous job back (monitor/stragglers.py); None with one rank."""
@@ -108,13 +133,22 @@ class Query:
         if len(ranks) < 2 or span is None:
             return None
         width = DEFAULT.window_steps
-        rows = self.store.reader().execute(
-            "SELECT loader, epoch, step / ?, rank, count(*), sum(wait_ns), sum(compute_ns), sum(other_ns), "
-            "sum(other_ns > 0) FROM steps WHERE rowid BETWEEN ? AND ? AND run_id = ? "
-            "GROUP BY loader, epoch, step / ?, rank", (width, *span, run_id, width)).fetchall()
-        forward = self.store.reader().execute(
-            "SELECT loader, epoch, step / ?, rank, count(*), sum(ns) FROM phases WHERE run_id = ? "
-            "AND name = 'forward' GROUP BY loader, epoch, step / ?, rank", (width, run_id, width)).fetchall()
+        db = self.store.reader()
+        sums: dict[tuple, list] = {}
+        for lo, hi in self._recent_step_ranges(run_id, len(ranks)):
+            for row in db.execute(
+                    "SELECT loader, epoch, step / ?, rank, count(*), sum(wait_ns), sum(compute_ns), sum(other_ns), "
+                    "sum(other_ns > 0) FROM steps WHERE rowid BETWEEN ? AND ? AND run_id = ? "
+                    "GROUP BY loader, epoch, step / ?, rank", (width, lo, hi, run_id, width)):
+                total = sums.setdefault(tuple(row[:4]), [0] * 5)
+                for i, value in enumerate(row[4:]):
+                    total[i] += value
+        rows = [(*key, *values) for key, values in sums.items()]
+        last_phase = db.execute("SELECT max(rowid) FROM phases WHERE run_id = ?", (run_id,)).fetchone()[0] or 0
+        forward = db.execute(
+            "SELECT loader, epoch, step / ?, rank, count(*), sum(ns) FROM phases WHERE rowid > ? AND run_id = ? "
+            "AND name = 'forward' GROUP BY loader, epoch, step / ?, rank",
+            (width, last_phase - 4 * self.STRAGGLER_ROWS, run_id, width)).fetchall()
         result = find_stragglers(windows_from_rows(rows, forward_rows=forward))
         hosts = {s["rank"]: s["stream"].rsplit("-", 2)[0] for s in streams}  # "<host>-<pid>-<hex>"
         systems = {rank: {**(self.system_overview(run_id, rank) or {}), "host": hosts.get(rank)}
