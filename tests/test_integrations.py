@@ -24,6 +24,14 @@ def test_importing_starvewatch_imports_no_framework():
             "'opentelemetry', 'tensorboard', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+    # Nor does a collector that was not asked for OTLP or TensorBoard (FastAPI itself may load
+    # the OpenTelemetry *API* when installed; the SDK and exporters are ours to load).
+    code = ("import sys; from starvewatch.monitor.app import create_app; from starvewatch.monitor.settings "
+            "import CollectorSettings; create_app(CollectorSettings()); print(sorted(m for m in ("
+            "'opentelemetry.sdk', 'opentelemetry.exporter', 'tensorboard', 'lightning', 'transformers') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 @pytest.mark.parametrize("module, blocked, extra", [
