@@ -31,18 +31,6 @@ def set_rank_env(rank: int | None, world_size: int | None, local_rank: int | Non
             os.environ[var] = str(value)
 
 
-def watch_loader(loader, name: str | None = None):
-    """`starvewatch.watch()`, also for accelerate's prepared loaders (DataLoaderShard and its
-    kin): they only pretend to be DataLoaders (a `__class__` property) and iterate a real one,
-    `base_dataloader`, which is watched in place. Returns `loader` itself."""
-    base = getattr(loader, "base_dataloader", None)
-    if base is not None and type(loader).__name__.startswith("DataLoader") and "DataLoader" not in \
-            {cls.__name__ for cls in type(loader).__mro__[1:]}:
-        starvewatch.watch(base, name)
-        return loader
-    return starvewatch.watch(loader, name)
-
-
 def is_watched(obj) -> bool:
     """True for what `watch()` returned (the marker every watched class carries)."""
     return bool(getattr(type(obj), "__starvewatch_watched__", False))

@@ -11,10 +11,10 @@ it; `watch_trainer(trainer)` adds the callback and also watches every evaluation
 
 With accelerate alone, watch the loader `prepare` returns, one line:
 
-    loader = watch_prepared(accelerator.prepare(loader))
+    loader = starvewatch.watch(accelerator.prepare(loader))
 
-(accelerate's DataLoaderShard is not a DataLoader subclass, it only reports one: the real
-DataLoader it iterates, `base_dataloader`, is watched in place.)
+(accelerate's DataLoaderShard is not a DataLoader subclass, it only reports one: `watch()` watches
+the real DataLoader it iterates, `base_dataloader`, in place and returns the shard.)
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import functools
 
 import starvewatch
 
-from ._common import StepMark, require, set_rank_env, watch_loader
+from ._common import StepMark, require, set_rank_env
 
 _transformers = require("transformers", "hf", "starvewatch.integrations.huggingface")
 
@@ -58,7 +58,7 @@ class StarvewatchCallback(_transformers.TrainerCallback):
     @staticmethod
     def _watch_train(loader) -> None:
         if loader is not None:
-            watch_loader(loader, "train")  # in place; a watched loader is left as it is
+            starvewatch.watch(loader, "train")  # in place; a watched loader is left as it is
 
 
 def watch_trainer(trainer, name: str | None = None, *, url: str | None = None) -> StarvewatchCallback:
@@ -69,12 +69,8 @@ def watch_trainer(trainer, name: str | None = None, *, url: str | None = None) -
 
     @functools.wraps(build)
     def get_eval_dataloader(*args, **kwargs):
-        return watch_loader(build(*args, **kwargs), "val")
+        return starvewatch.watch(build(*args, **kwargs), "val")
 
     trainer.get_eval_dataloader = get_eval_dataloader
     return callback
 
-
-def watch_prepared(loader, name: str | None = None):
-    """Watch a loader returned by `accelerator.prepare()` (or any loader); returns it."""
-    return watch_loader(loader, name)

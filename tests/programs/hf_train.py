@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
 import starvewatch
-from starvewatch.integrations.huggingface import StarvewatchCallback, watch_prepared, watch_trainer
+from starvewatch.integrations.huggingface import StarvewatchCallback, watch_trainer
 
 SEQ, TRAIN, EVAL, BATCH = 16, 48, 16, 4
 
@@ -57,7 +57,7 @@ optimizer = torch.optim.SGD(model2.parameters(), lr=0.1)
 loader = DataLoader(Tokens(TRAIN), batch_size=BATCH)
 starvewatch.init("accelerate-tiny")
 model2, optimizer = accelerator.prepare(model2, optimizer)
-loader = watch_prepared(accelerator.prepare(loader))  # the one line
+loader = starvewatch.watch(accelerator.prepare(loader))  # the one line
 for batch in loader:
     loss = torch.nn.functional.cross_entropy(model2(batch["input_ids"].float()), batch["labels"])
     accelerator.backward(loss)
