@@ -30,6 +30,7 @@ class CollectorSettings:
     spool_scan_s: float = 5.0           # how often the spool directory is swept
     max_body_bytes: int = 4 * 1024 * 1024          # compressed, as sent
     max_decompressed_bytes: int = 32 * 1024 * 1024
+    body_timeout_s: float = 30.0        # a request body silent this long is answered 408
     metrics_max_runs: int = 50
     metrics_finished_keep_s: float = 300.0
     dashboard: bool = True

@@ -123,16 +123,18 @@ class Store:
                 if batch.phases:
                     w.executemany("INSERT INTO phases VALUES (?, ?, ?, ?, ?, ?, ?)",
                                   [(batch.run_id, batch.rank, *p) for p in batch.phases])
-                events = [(kind, e) for kind in ("samples", "workers", "stalls")
+                events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
                           for e in getattr(batch, kind)]
                 if events:
                     w.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
                                   [(batch.run_id, batch.rank, kind, int(e.get("t_ns") or time.time_ns()),
                                     orjson.dumps(e).decode()) for kind, e in events])
                 w.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 w.execute("ROLLBACK")
                 self._stats_cache.clear()  # may hold this batch's records: reload from disk
+                if isinstance(exc, orjson.JSONEncodeError):  # an integer past 64 bits in a free-form field
+                    raise ValueError(f"batch cannot be stored: {exc}") from None
                 raise
         self.ingested_records += len(steps)
         self.versions[batch.run_id] += 1
@@ -250,7 +252,8 @@ class Store:
             "totals = CASE WHEN excluded.totals_seq > totals_seq THEN excluded.totals ELSE totals END, "
             "totals_seq = max(totals_seq, excluded.totals_seq)",
             (batch.run_id, batch.stream, batch.rank, loader.name, loader.kind,
-             orjson.dumps(loader.config).decode() if loader.config is not None else None,
+             orjson.dumps(loader.config.model_dump(exclude_unset=True)).decode()
+             if loader.config is not None else None,
              loader.totals.model_dump_json(), batch.seq))
 
     # ---- reads -------------------------------------------------------------------------------
