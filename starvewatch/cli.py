@@ -150,7 +150,7 @@ def _dir(args):
 def cmd_serve(args) -> int:
     from .monitor.settings import CollectorSettings
     settings = CollectorSettings(host=args.host, port=args.port, dir=_dir(args), db=args.db,
-                                 idle_exit_s=args.idle_exit)
+                                 idle_exit_s=args.idle_exit, body_timeout_s=args.body_timeout)
     if args.token:
         settings.token = args.token
     try:
@@ -224,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--token", help="require this token on every route (or STARVEWATCH_TOKEN)")
     serve.add_argument("--idle-exit", type=float, default=0.0, metavar="SECONDS",
                        help="exit after this long with no live run (default: never)")
+    serve.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+                       help="answer 408 to a request whose body goes silent this long (default 30)")
     serve.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 

@@ -47,6 +47,8 @@ class CollectorSettings:
 
     def check(self) -> None:
         """Refuse settings that would expose training data to the network."""
+        if not self.body_timeout_s > 0:
+            raise ValueError(f"the body timeout must be a positive number of seconds, got {self.body_timeout_s}")
         if not is_loopback(self.host) and not self.token:
             raise ValueError(f"binding {self.host} (not loopback) requires a token: "
                              f"pass --token or set STARVEWATCH_TOKEN")
