@@ -104,7 +104,9 @@ hostile_text = st.one_of(
                      "..", "é\u202eevil", "\U0001f600", "%2e%2e/", "a/b"]))
 names = st.one_of(st.text(st.characters(min_codepoint=32, blacklist_characters="\x7f"), min_size=1, max_size=30),
                   hostile_text)
-valid_names = names.filter(lambda s: 0 < len(s) <= 200 and not any(ord(c) < 32 or c == "\x7f" for c in s))
+# Printable and well-formed: no control character, no lone surrogate (not valid in UTF-8 JSON).
+valid_names = names.filter(lambda s: 0 < len(s) <= 200 and not any(
+    ord(c) < 32 or c == "\x7f" or 0xD800 <= ord(c) <= 0xDFFF for c in s))
 ns = st.integers(0, 2**40)
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
                       st.text(max_size=20), st.sampled_from([10**30, -1, 2**63, 2**64, 1e308, -0.0]))

@@ -188,8 +188,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         if format == "csv":
             # Streamed page by page: a 1M-step run never sits in memory.
             state["query"].detail(run_id)  # 404 before the 200 has gone out
-            return StreamingResponse(csv_chunks(source, run_id), media_type=f"{media}; charset=utf-8",
-                                     headers=headers)
+            return StreamingResponse(csv_chunks(run_id, state["store"].step_rows(run_id)),
+                                     media_type=f"{media}; charset=utf-8", headers=headers)
         try:
             body = export_text(source, run_id, format)
         except SourceError as exc:

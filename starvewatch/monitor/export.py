@@ -34,21 +34,19 @@ def write_csv(run_id: str, steps, out) -> int:
     return rows
 
 
-def csv_chunks(source, run_id: str, rows_per_chunk: int = 5000):
-    """The CSV export as UTF-8 chunks of a few hundred kB, for a streamed response: memory
-    stays flat whatever the run's length."""
+def csv_chunks(run_id: str, row_batches):
+    """The CSV export as UTF-8 chunks, one per batch of step rows (tuples of
+    Store.STEP_ROW_COLUMNS), for a streamed response: memory stays flat whatever the run's length."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(CSV_COLUMNS)
-    pending = 0
-    for s in source.steps(run_id):
-        writer.writerow(_csv_row(run_id, s))
-        pending += 1
-        if pending == rows_per_chunk:
-            yield buffer.getvalue().encode()
-            buffer.seek(0)
-            buffer.truncate()
-            pending = 0
+    for rows in row_batches:
+        writer.writerows((run_id, rank, loader, epoch, step, start, wait / 1e6, compute / 1e6, other / 1e6,
+                          "" if gpu is None else gpu / 1e6, "" if size is None else size)
+                         for rank, loader, epoch, step, start, wait, compute, other, size, gpu in rows)
+        yield buffer.getvalue().encode()
+        buffer.seek(0)
+        buffer.truncate()
     yield buffer.getvalue().encode()
 
 

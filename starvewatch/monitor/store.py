@@ -226,6 +226,25 @@ class Store:
                                        "WHERE run_id = ?", (run_id,)).fetchone()
         return None if lo is None else (lo, hi)
 
+    STEP_ROW_COLUMNS = ("rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
+                        "batch_size", "gpu_idle_ns")
+
+    def step_rows(self, run_id: str, batch: int = 5000):
+        """Every step row of a run (tuples of STEP_ROW_COLUMNS) in rowid order, `batch` at a time,
+        from one query on a connection of its own: a streamed export resumes on whichever
+        thread is free, and memory holds one batch, not the run."""
+        span = self.step_range(run_id)
+        if span is None:
+            return
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        try:
+            cursor = conn.execute(f"SELECT {', '.join(self.STEP_ROW_COLUMNS)} FROM steps "
+                                  "WHERE rowid BETWEEN ? AND ? AND run_id = ? ORDER BY rowid", (*span, run_id))
+            while rows := cursor.fetchmany(batch):
+                yield rows
+        finally:
+            conn.close()
+
     def _stats(self, w, run_id: str, stream: str, loader: str) -> RecordStats:
         key = (run_id, stream, loader)
         stats = self._stats_cache.get(key)
