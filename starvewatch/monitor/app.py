@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sqlite3
 import threading
 import time
 import zlib
@@ -217,11 +218,15 @@ def _background(state: dict, settings: CollectorSettings) -> None:
         try:
             state["importer"].scan()
         except Exception as exc:  # a full disk or an unreadable directory must not end the sweeps
-            sweep_errors.error(type(exc).__name__, "spool sweep of %s failed: %s: %s",
+            sweep_errors.error(f"sweep:{type(exc).__name__}", "spool sweep of %s failed: %s: %s",
                                settings.dir / "spool", type(exc).__name__, exc)
         if settings.idle_exit_s > 0:
-            store = state["store"]
-            newest = store.reader().execute("SELECT max(last_seen) FROM streams WHERE finished = 0").fetchone()[0]
+            try:
+                store = state["store"]
+                newest = store.reader().execute("SELECT max(last_seen) FROM streams WHERE finished = 0").fetchone()[0]
+            except sqlite3.Error as exc:  # busy or locked for longer than the busy timeout: ask again next time
+                sweep_errors.error("idle-check", "idle check failed: %s", exc)
+                continue
             last = max(state["last_activity"], newest or 0, state["started"])
             if time.time() - last > settings.idle_exit_s:
                 os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts down gracefully
