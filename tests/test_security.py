@@ -168,3 +168,21 @@ def test_the_token_never_reaches_logs_urls_or_exports(collector):
     c.stop()
     log = (c.directory / f"collector-{c.port}.log").read_bytes()
     assert TOKEN.encode() not in log
+
+
+def test_secrets_on_the_training_command_line_are_never_stored(collector):
+    from starvewatch.redact import redact_argv
+    assert redact_argv(["t.py", "--hf-token", "abc", "--api-key=xyz", "--lr", "3", "--auth"]) == [
+        "t.py", "--hf-token", "***", "--api-key=***", "--lr", "3", "--auth"]
+    c = collector()
+    payload = json.loads(batch("argv-run"))
+    payload["run"]["argv"] = ["train.py", "--hf-token", "hf_SECRET1", "--password=SECRET2", "--epochs", "3"]
+    assert call(c, "POST", "/api/v1/ingest", JSON, json.dumps(payload).encode())[0] == 200
+    assert c.get("/api/v1/runs/argv-run")["run"]["argv"] == [
+        "train.py", "--hf-token", "***", "--password=***", "--epochs", "3"]
+    for fmt in ("json", "md", "html"):
+        status, _, body = call(c, "GET", f"/api/v1/runs/argv-run/export?format={fmt}")
+        assert status == 200 and b"SECRET" not in body, fmt
+    stored = [p.read_bytes() for p in c.directory.glob("starvewatch.db*")]  # the WAL too
+    assert stored and not any(b"SECRET" in data for data in stored)
+    assert any(b"hf-token" in data for data in stored)  # the command line itself is kept

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..ids import ID_PATTERN, NAME_PATTERN
+from ..redact import redact_argv
 from ..schema import EVENTS_SCHEMA
 
 # Bounded so every sum the collector forms stays an exact 64-bit integer (2**53 ns: 104 days).
@@ -144,7 +145,15 @@ class RunInfo(Strict):
     ended_at: Annotated[float, Field(ge=0)] | None = None
     host: str | None = None
     rank: NonNegInt = 0
-    world_size: Annotated[int, Field(ge=1)] = 1
+    world_size: Annotated[int, Field(ge=1, le=2**53)] = 1
+
+    @model_validator(mode="after")
+    def hide_secrets(self) -> "RunInfo":
+        # Hooks from before the redaction, or a hand-made batch: the collector never stores them.
+        extra = self.__pydantic_extra__
+        if extra is not None and isinstance(extra.get("argv"), list):
+            extra["argv"] = redact_argv(extra["argv"])
+        return self
 
 
 class EventBatch(Strict):
