@@ -174,8 +174,11 @@ class Guard:
 
         try:
             await self.app(scope, limited_receive, secured_send)
-        except BodyRefused:
-            pass
+        except Exception:
+            # Raised through the app (perhaps inside an ExceptionGroup from a task group):
+            # our refusal of the body answers; any other error is the app's own.
+            if state["refused"] is None:
+                raise
         refused = state["refused"]
         if refused is not None and not state["started"]:
             await self._respond(send, refused.status, refused.detail)
