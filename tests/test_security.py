@@ -186,3 +186,13 @@ def test_secrets_on_the_training_command_line_are_never_stored(collector):
     stored = [p.read_bytes() for p in c.directory.glob("starvewatch.db*")]  # the WAL too
     assert stored and not any(b"SECRET" in data for data in stored)
     assert any(b"hf-token" in data for data in stored)  # the command line itself is kept
+
+
+def test_a_token_that_cannot_travel_in_a_header_is_refused_at_start(isolated_starvewatch):
+    import subprocess
+    import sys
+    from tests.conftest import free_port
+    for token in ("two words", "naïve", "a;b", "line\nbreak"):
+        out = subprocess.run([sys.executable, "-m", "starvewatch", "serve", "--port", str(free_port()),
+                              "--token", token], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and "printable ASCII" in out.stderr and "Traceback" not in out.stderr, token

@@ -63,6 +63,11 @@ def is_loopback_name(host: str) -> bool:
         return False
 
 
+def _header_text(value: str) -> str:
+    """Header values arrive as latin-1; a token is compared as the UTF-8 text it was set as."""
+    return value.encode("latin-1").decode("utf-8", "surrogateescape")
+
+
 class Guard:
     def __init__(self, app, settings) -> None:
         self.app = app
@@ -82,14 +87,14 @@ class Guard:
     def _given_token(self, headers: dict, query: str) -> tuple[str | None, bool]:
         auth = headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
-            return auth[7:].strip(), False
+            return _header_text(auth[7:].strip()), False
         cookies = SimpleCookie()
         try:
             cookies.load(headers.get("cookie", ""))
         except CookieError:  # a malformed Cookie header: no cookie
             cookies = SimpleCookie()
         if TOKEN_COOKIE in cookies:
-            return cookies[TOKEN_COOKIE].value, False
+            return _header_text(cookies[TOKEN_COOKIE].value), False
         for key, value in parse_qsl(query, keep_blank_values=True):
             if key == "token":
                 return value, True

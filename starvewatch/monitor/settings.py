@@ -49,6 +49,10 @@ class CollectorSettings:
         """Refuse settings that would expose training data to the network."""
         if not self.body_timeout_s > 0:
             raise ValueError(f"the body timeout must be a positive number of seconds, got {self.body_timeout_s}")
+        if self.token is not None and not (self.token.isascii() and self.token.isprintable()
+                                           and " " not in self.token and ";" not in self.token):
+            raise ValueError("the token must be printable ASCII without spaces or ';' "
+                             "(for example: python -c 'import secrets; print(secrets.token_urlsafe())')")
         if not is_loopback(self.host) and not self.token:
             raise ValueError(f"binding {self.host} (not loopback) requires a token: "
                              f"pass --token or set STARVEWATCH_TOKEN")
