@@ -16,9 +16,9 @@ import orjson
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from .. import __version__
 from ..ids import content_disposition
 from ..logonce import RateLimitedLog
+from ..version import __version__
 from ..schema import EVENTS_SCHEMA, SUMMARY_SCHEMA
 from .guard import SERVICE, Guard
 from .metrics import make_registry, render
@@ -95,13 +95,13 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
                                   name="starvewatch-collector-background")
         worker.start()
         if settings.pid_file_autostarted is not None:
-            from .server import write_pid_file
+            from .pid_file import write_pid_file
             write_pid_file(settings, settings.pid_file_autostarted)
         try:
             yield
         finally:
             if settings.pid_file_autostarted is not None:
-                from .server import remove_pid_file
+                from .pid_file import remove_pid_file
                 remove_pid_file(settings)
             state["stop"].set()
             worker.join(5)
