@@ -59,6 +59,14 @@ def name_problem(value: object) -> str | None:
     return None
 
 
+def safe_name(value: str, default: str = "run") -> str:
+    """A valid name made from any string: control characters become spaces, at most 200
+    characters (a name the collector would refuse would cost the run its data)."""
+    text = re.sub(r"[\x00-\x1f\x7f]+", " ", str(value)).strip()[:NAME_MAX_CHARS]
+    text = text.encode("utf-8", "replace").decode("utf-8")  # lone surrogates are not text
+    return text or default
+
+
 def url_segment(value: str) -> str:
     """One URL path segment: `/` and `?` inside a run id never change which route answers."""
     return quote(value, safe="")
