@@ -6,7 +6,8 @@ from urllib.parse import unquote
 
 import pytest
 
-from starvewatch.ids import check_id, content_disposition, id_problem, name_problem, safe_id, url_segment
+from starvewatch.ids import (check_id, content_disposition, id_problem, name_problem, safe_id, safe_name,
+                             url_segment)
 
 HOSTILE_IDS = ["../../x", "..", ".", "/etc/passwd", "a/b", "a\\b", "a\x00b", "x" * 129, "", "run id",
                "ünïcode", "a?b", "a#b", "%2e%2e", "line\nbreak"]
@@ -32,6 +33,10 @@ def test_names_are_printable_text():
     assert name_problem(HTML_NAME) is None  # allowed: shown as text wherever it appears
     for bad in ("", "a\x00b", "tab\there", "x" * 201, 5):
         assert name_problem(bad) is not None
+    for raw in ("a\x00b", "tab\there", "x" * 300, "\x00", "", "\ud800x", HTML_NAME):
+        made = safe_name(raw, "loader")
+        assert name_problem(made) is None, raw
+    assert safe_name("line\n\x1bbreak") == "line break" and safe_name("\x00", "loader") == "loader"
 
 
 def test_content_disposition_and_url_segments_cannot_escape():
