@@ -284,6 +284,23 @@ def test_broken_batches_never_5xx_and_never_write_partially(server, client, requ
     ingest_and_check(server, client, body, headers, expect_valid=False)
 
 
+def test_huge_integers_in_any_integer_field_are_refused_whole(server, client):
+    """Found by the long profile: a sequence number past 64 bits reached SQLite (a 500)."""
+    base = {"schema": "starvewatch.events/1", "run_id": "huge", "stream": "huge-s", "seq": 1,
+            "steps": {"loader": ["t"], "epoch": [0], "step": [0], "start_ns": [1], "wait_ns": [1],
+                      "compute_ns": [1], "other_ns": [0], "batch_size": [None], "gpu_idle_ns": [None]}}
+    for path in (("seq",), ("rank",), ("steps", "step", 0), ("steps", "start_ns", 0), ("steps", "wait_ns", 0),
+                 ("steps", "batch_size", 0), ("sent_at_ns",)):
+        for value in (2**63, 2**64, 10**40):
+            batch = json.loads(json.dumps(base))
+            parent = batch
+            for key in path[:-1]:
+                parent = parent[key]
+            parent[path[-1]] = value
+            ingest_and_check(server, client, encode(batch), {"Content-Type": "application/json"}, expect_valid=False)
+            assert client.call("GET", "/api/v1/runs/huge")[0] == 404, (path, value)
+
+
 def _openapi(client):
     status, text = client.call("GET", "/api/openapi.json")
     assert status == 200
@@ -340,13 +357,15 @@ def test_dash_endpoints_answer_without_5xx(server, client, dash_callbacks, data)
     for path in ("/_dash-layout", "/_dash-dependencies", "/", "/runs/" + quote(data.draw(hostile_text), safe="")):
         assert client.call("GET", path)[0] < 500, path
     cb = data.draw(st.sampled_from(dash_callbacks))
+    broken = data.draw(st.sampled_from(["intact", "intact", "intact", "drop", "replace", "garbage"]))
+    # An intact request is valid JSON (no NaN): its values are still anything a client may send.
+    values = safe_json_values if broken == "intact" else json_values
     outputs = cb["output"].strip(".").split("...")
     request = {"output": cb["output"],
                "outputs": [_spec(o) for o in outputs] if cb["output"].startswith("..") else _spec(outputs[0]),
-               "inputs": [dict(_spec(f"{i['id']}.{i['property']}"), value=data.draw(json_values)) for i in cb["inputs"]],
-               "state": [dict(_spec(f"{s['id']}.{s['property']}"), value=data.draw(json_values)) for s in cb["state"]],
+               "inputs": [dict(_spec(f"{i['id']}.{i['property']}"), value=data.draw(values)) for i in cb["inputs"]],
+               "state": [dict(_spec(f"{s['id']}.{s['property']}"), value=data.draw(values)) for s in cb["state"]],
                "changedPropIds": [f"{i['id']}.{i['property']}" for i in cb["inputs"]]}
-    broken = data.draw(st.sampled_from(["intact", "intact", "intact", "drop", "replace", "garbage"]))
     if broken == "drop":
         request.pop(data.draw(st.sampled_from(sorted(request))))
     elif broken == "replace":

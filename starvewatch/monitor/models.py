@@ -163,7 +163,7 @@ class EventBatch(Strict):
     run_id: Id
     rank: NonNegInt = 0
     stream: Id
-    seq: Annotated[int, Field(ge=1)]
+    seq: Annotated[int, Field(ge=1, le=2**53)]
     sent_at_ns: WallNs | None = None
     status: Literal["live", "finished"] = "live"
     run: RunInfo | None = None
