@@ -150,7 +150,8 @@ def _dir(args):
 def cmd_serve(args) -> int:
     from .monitor.settings import CollectorSettings
     settings = CollectorSettings(host=args.host, port=args.port, dir=_dir(args), db=args.db,
-                                 idle_exit_s=args.idle_exit, otlp_endpoint=args.otlp_endpoint,
+                                 idle_exit_s=args.idle_exit, body_timeout_s=args.body_timeout,
+                                 otlp_endpoint=args.otlp_endpoint,
                                  otlp_interval_s=args.otlp_interval, tensorboard_dir=args.tensorboard,
                                  tensorboard_interval_s=args.tensorboard_interval)
     try:  # an optional exporter asked for but not installed: say so before starting
@@ -241,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(needs starvewatch[tensorboard])")
     serve.add_argument("--tensorboard-interval", type=float, default=5.0, metavar="SECONDS",
                        help="TensorBoard write period (default 5)")
+    serve.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+                       help="answer 408 to a request whose body goes silent this long (default 30)")
     serve.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 

@@ -31,7 +31,7 @@ def batch(run_id="run-a", stream="s0", seq=1, rank=0, n=100, start_s=1_700_000_0
 @pytest.fixture
 def client(tmp_path):
     settings = CollectorSettings(dir=tmp_path, lost_after_s=0.3, dashboard=False, spool_scan_s=60)
-    with TestClient(create_app(settings)) as c:
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as c:
         yield c
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 def mount(app, settings) -> None:
     from dash import Dash
 
-    from .layout import root_layout
     from .callbacks import register
+    from .layout import root_layout
+    from .requests import CallbackRequestCheck
 
     dash_app = Dash(__name__, server=app, backend="fastapi", title="starvewatch", update_title=None,
                     suppress_callback_exceptions=True, serve_locally=True, use_async=True,
@@ -17,3 +18,5 @@ def mount(app, settings) -> None:
     dash_app.layout = root_layout()
     register(dash_app, lambda: app.state.query)
     app.state.dash = dash_app
+    # Added after Dash's own middleware, so it runs before it.
+    app.add_middleware(CallbackRequestCheck, dash_app=dash_app)

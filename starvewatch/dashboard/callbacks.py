@@ -21,7 +21,13 @@ function(n) {
 """
 
 
+def _text(value) -> str | None:
+    """A callback's input as the browser sends it, or None: a request can carry any JSON."""
+    return value if isinstance(value, str) else None
+
+
 def route(pathname: str | None, search: str | None):
+    pathname, search = _text(pathname), _text(search)
     path = (pathname or "/").rstrip("/") or "/"
     if path.startswith("/runs/"):
         return layout.run_page(unquote(path[len("/runs/"):]))
@@ -85,7 +91,7 @@ def register(app, get_query) -> None:
         runs = await run_in_threadpool(get_query().list_runs)
         if not runs:
             return html.P("No runs yet: wrap a loader with starvewatch.watch(loader) and start training.")
-        return views.runs_table(runs, search, sort or "started")
+        return views.runs_table(runs, _text(search), _text(sort) or "started")
 
     @app.callback(
         Output("run-title", "children"), Output("stall-banner-container", "children"), Output("kpis", "children"),
@@ -95,6 +101,9 @@ def register(app, get_query) -> None:
         Output("ranks", "children"), Output("config", "children"),
         Input("tick", "data"), Input("loader-select", "value"), State("run-id", "data"))
     async def refresh_run(_tick, loader, run_id):
+        loader, run_id = _text(loader), _text(run_id)
+        if run_id is None:
+            return (html.H2("No run selected"),) + (no_update,) * 12
         view = await run_in_threadpool(run_view, get_query(), run_id, loader)
         if view["missing"]:
             return (html.H2(f"Unknown run {run_id}"),) + (no_update,) * 12
@@ -110,6 +119,7 @@ def register(app, get_query) -> None:
 
     @app.callback(Output("compare-result", "children"), Input("compare-a", "value"), Input("compare-b", "value"))
     async def compare(a, b):
+        a, b = _text(a), _text(b)
         if not a or not b:
             return html.P("Pick a run before and a run after a change.")
         query = get_query()

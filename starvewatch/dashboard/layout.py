@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dash import dcc, html
 
+from ..ids import url_segment
+
 POLL_MS = 1000
 
 
@@ -34,7 +36,7 @@ def run_page(run_id: str) -> html.Div:
         return html.Div(dcc.Graph(id=graph_id, config={"displaylogo": False}), className="sw-card")
 
     exports = html.Div([html.Span("Export: ")] + [
-        html.A(label, href=f"/api/v1/runs/{run_id}/export?format={fmt}", download="", id=f"export-{fmt}")
+        html.A(label, href=f"/api/v1/runs/{url_segment(run_id)}/export?format={fmt}", download="", id=f"export-{fmt}")
         for label, fmt in (("JSON", "json"), ("CSV", "csv"), ("Markdown", "md"), ("HTML report", "html"))],
         className="sw-exports")
     return html.Div([

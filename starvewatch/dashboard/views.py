@@ -5,6 +5,7 @@ import json
 
 from dash import dcc, html
 
+from ..ids import url_segment
 from ..monitor.diagnosis import joint_changes_note
 from ..monitor.export import compare_rows, snippet
 
@@ -57,7 +58,7 @@ def runs_table(runs: list[dict], search: str | None = None, sort: str = "started
     keys = {"started": lambda r: r["started_at"] or "", "wait": lambda r: r["input_wait_fraction"] or 0,
             "throughput": lambda r: r["batches_per_s"] or 0, "name": lambda r: r["name"]}
     runs = sorted(runs, key=keys.get(sort, keys["started"]), reverse=sort != "name")
-    rows = [[dcc.Link(r["name"], href=f"/runs/{r['id']}"), html.Code(r["id"]), badge(r["status"]),
+    rows = [[dcc.Link(r["name"], href=f"/runs/{url_segment(r['id'])}"), html.Code(r["id"]), badge(r["status"]),
              (r["started_at"] or "")[:19].replace("T", " "), f"{r['duration_s']:.0f} s", badge(r["verdict"]),
              pct(r["input_wait_fraction"]), num(r["batches_per_s"])] for r in runs]
     return table(["name", "run", "status", "started (UTC)", "duration", "verdict", "input wait", "batches/s"],
@@ -75,12 +76,13 @@ def recommendations(summary: dict) -> list:
         out.append(html.Div([html.H4(f"{r['loader']}: {what}{gain}"), html.P(r["reason"]),
                              html.Div("evidence: " + json.dumps(r["evidence"], default=str), className="sw-evidence")],
                             className="sw-rec"))
-    for loader in summary["loaders"]:
+    for index, loader in enumerate(summary["loaders"]):
         code = snippet(loader.get("config"), recs, loader["name"])
         if code:
+            # The element id is the loader's position: a name is free text, an id is not.
             out.append(html.Div([html.Div(f"{loader['name']} loader, with the changes:"),
-                                 html.Pre(code, className="sw-code", id=f"snippet-{loader['name']}"),
-                                 dcc.Clipboard(target_id=f"snippet-{loader['name']}", title="copy")]))
+                                 html.Pre(code, className="sw-code", id=f"snippet-{index}"),
+                                 dcc.Clipboard(target_id=f"snippet-{index}", title="copy")]))
     return out
 
 

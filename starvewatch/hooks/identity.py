@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import platform
 import secrets
@@ -10,11 +11,17 @@ import sys
 import time
 from pathlib import Path
 
+from ..ids import id_problem, safe_id, safe_name
+from ..redact import redact_argv
+
+
+log = logging.getLogger("starvewatch.hooks")
+
 
 def default_run_name() -> str:
     env = os.environ.get("STARVEWATCH_RUN_NAME")
     if env:
-        return env
+        return safe_name(env)
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] else "")
     stem = Path(path).stem if path else ""
@@ -35,7 +42,12 @@ def run_id_for(name: str) -> str:
     """One id for every process of a distributed job, a fresh one for a single process."""
     explicit = os.environ.get("STARVEWATCH_RUN_ID")
     if explicit:
-        return explicit
+        # It becomes a directory of the spool: `../../x` must not write outside it.
+        run_id = safe_id(explicit)
+        if run_id != explicit:
+            log.warning("starvewatch: STARVEWATCH_RUN_ID %r is not a valid id (%s); using %r",
+                        explicit[:80], id_problem(explicit), run_id)
+        return run_id
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40].strip("-.") or "run"
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
     shared = None
@@ -68,7 +80,7 @@ def run_metadata(name: str, run_id: str) -> dict:
     """Gathered on the daemon thread: nothing here may initialise CUDA by itself."""
     meta = {
         "id": run_id, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
-        "argv": list(sys.argv), "python": platform.python_version(),
+        "argv": redact_argv(list(sys.argv)), "python": platform.python_version(),
         # os.uname, not platform.platform(): that one runs `uname -p` in a subprocess, whose
         # pipe a DataLoader worker forked at the same moment can hold open forever.
         "platform": f"{os.uname().sysname}-{os.uname().release}-{os.uname().machine}",

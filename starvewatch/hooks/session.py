@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import secrets
 import socket
@@ -12,6 +13,7 @@ import weakref
 from collections import deque
 from time import perf_counter_ns
 
+from ..ids import safe_id, safe_name
 from . import cuda
 from .identity import default_run_name, rank_info, run_id_for, run_metadata
 from .introspect import dataloader_config, is_torch_dataloader
@@ -22,6 +24,8 @@ from .delivery.transport import Delivery, HttpTransport, Spool, dumps
 from .loader import (ACTIVE, WatchedIterable, WatchedIterator, WatchedIteratorProxy, is_watched,
                      set_loader_lookup, watched_dataloader_class)
 from .settings import HookSettings
+
+log = logging.getLogger("starvewatch.hooks")
 
 _LOCK = threading.RLock()
 _SESSION: "Session | None" = None
@@ -70,14 +74,14 @@ class LoaderState:
 
 class Session:
     def __init__(self, name: str, settings: HookSettings, transport=None) -> None:
-        self.name = name
+        self.name = safe_name(name)
         self.settings = settings
         self.run_id = run_id_for(name)
         ranks = rank_info()
         self.rank, self.world_size, self.local_rank = ranks["rank"], ranks["world_size"], ranks["local_rank"]
         self.pid = os.getpid()
         self.thread_id = threading.get_ident()  # the training thread, for stall detection
-        self.stream_id = f"{socket.gethostname()}-{self.pid}-{secrets.token_hex(4)}"
+        self.stream_id = safe_id(f"{socket.gethostname()}-{self.pid}-{secrets.token_hex(4)}")
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.wall_offset_ns = time.time_ns() - perf_counter_ns()
@@ -260,7 +264,7 @@ def watch(loader, name: str | None = None):
     if session is None:  # STARVEWATCH_DISABLED=1: a pass-through, no threads
         return loader
     with _LOCK:
-        name = str(name) if name is not None else session.default_loader_name()
+        name = safe_name(str(name), "loader") if name is not None else session.default_loader_name()
         if is_torch_dataloader(loader):
             state = session.loaders.get(name)
             if state is None:
@@ -301,8 +305,8 @@ def finish(*, quiet: bool | None = None) -> dict | None:
 def _finish_at_exit() -> None:
     try:
         finish()
-    except Exception:  # never turn a clean exit into a traceback
-        pass
+    except Exception as exc:  # never turn a clean exit into a traceback: one line instead
+        log.warning("starvewatch: finishing the run at exit failed: %s: %s", type(exc).__name__, exc)
 
 
 def _forget_in_child() -> None:

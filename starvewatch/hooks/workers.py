@@ -8,6 +8,7 @@ worker's fetcher is wrapped inside the worker only, and everything handed to the
 """
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import secrets
@@ -16,6 +17,10 @@ import tempfile
 import weakref
 from pathlib import Path
 from time import perf_counter_ns, thread_time_ns, time_ns
+
+from ..logonce import RateLimitedLog
+
+_failures = RateLimitedLog(logging.getLogger("starvewatch.hooks"), interval_s=3600)
 
 FIELDS = ("pid", "batches", "fetch_ns", "fetch_cpu_ns", "last_fetch_ns", "max_fetch_ns",
           "last_end_ns", "samples")
@@ -66,8 +71,9 @@ class WorkerInit:
     def __call__(self, worker_id: int) -> None:
         try:
             _install(self.path, worker_id, self.num_workers)
-        except Exception:  # telemetry is optional; the worker's real work is not
-            pass
+        except Exception as exc:  # telemetry is optional; the worker's real work is not
+            _failures.error("install", "starvewatch: DataLoader worker %d runs without per-worker telemetry: %s: %s",
+                            worker_id, type(exc).__name__, exc)
         if self.user_fn is not None:
             self.user_fn(worker_id)
 

@@ -1,9 +1,10 @@
 """The collector's FastAPI app, built by `create_app(settings)`."""
 from __future__ import annotations
 
-import hmac
+import logging
 import os
 import signal
+import sqlite3
 import threading
 import time
 import zlib
@@ -12,11 +13,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, HTTPException, Query as Q, Request
 from fastapi.concurrency import run_in_threadpool
 import orjson
-from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from ..ids import content_disposition
+from ..logonce import RateLimitedLog
 from ..version import __version__
 from ..schema import EVENTS_SCHEMA, SUMMARY_SCHEMA
+from .guard import SERVICE, Guard
 from .metrics import make_registry, render
 from .models import EventBatch
 from .query import NotFound, Query
@@ -24,8 +28,8 @@ from .settings import CollectorSettings
 from .spool_import import SpoolImporter
 from .store import Store
 
-SERVICE = "starvewatch"
-TOKEN_COOKIE = "starvewatch_token"
+log = logging.getLogger("starvewatch.collector")
+sweep_errors = RateLimitedLog(log)
 
 
 class FastJSONResponse(Response):
@@ -48,23 +52,13 @@ def _describe_validation(exc: ValidationError) -> str:
 
 
 async def read_json_body(request: Request, settings: CollectorSettings) -> bytes:
-    """The request body, decompressed, within both size limits. The whole body is read even
-    when too large, so the client gets a 413 rather than a reset connection."""
+    """The request body, decompressed, within both size limits. The compressed size is
+    enforced as the body arrives (monitor/guard.py: 413 before or while reading); here the
+    decompressed size, which is never inflated past its limit."""
     ctype = request.headers.get("content-type", "")
     if not ctype.split(";")[0].strip().lower() == "application/json":
-        raise HTTPException(415, f"Content-Type must be application/json, got {ctype or 'none'!r}")
-    chunks, size, too_large = [], 0, False
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > settings.max_body_bytes:
-            too_large = True
-            chunks = []
-        elif not too_large:
-            chunks.append(chunk)
-    if too_large:
-        raise HTTPException(413, f"body of {size} bytes is over the limit of {settings.max_body_bytes}; "
-                                 f"split the batch")
-    body = b"".join(chunks)
+        raise HTTPException(415, f"Content-Type must be application/json, got {ctype[:80] or 'none'!r}")
+    body = await request.body()
     encoding = request.headers.get("content-encoding", "identity").lower()
     if encoding == "gzip":
         decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
@@ -75,9 +69,11 @@ async def read_json_body(request: Request, settings: CollectorSettings) -> bytes
         if len(out) > settings.max_decompressed_bytes or decoder.unconsumed_tail:
             raise HTTPException(413, f"decompressed body is over the limit of "
                                      f"{settings.max_decompressed_bytes} bytes; split the batch")
+        if not decoder.eof:
+            raise HTTPException(400, "gzip body is truncated")
         return out
     if encoding not in ("identity", ""):
-        raise HTTPException(415, f"unsupported Content-Encoding {encoding!r} (use gzip or none)")
+        raise HTTPException(415, f"unsupported Content-Encoding {encoding[:40]!r} (use gzip or none)")
     return body
 
 
@@ -123,29 +119,6 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.registry = make_registry(lambda: state.get("query"), settings)
 
-    if settings.token:
-        expected = settings.token.encode()
-
-        @app.middleware("http")
-        async def require_token(request: Request, call_next):
-            given = request.headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else None
-            token = token or request.cookies.get(TOKEN_COOKIE)
-            from_query = request.query_params.get("token")
-            if not token and from_query:
-                token = from_query
-            if not token or not hmac.compare_digest(token.encode(), expected):
-                return JSONResponse({"service": SERVICE, "detail": "missing or wrong token"}, status_code=401,
-                                    headers={"WWW-Authenticate": "Bearer"})
-            if from_query and request.method == "GET":
-                # A browser logs in once with ?token=: a cookie from then on, and the token
-                # leaves the address bar.
-                url = request.url.remove_query_params("token")
-                response = RedirectResponse(str(url), status_code=303)
-                response.set_cookie(TOKEN_COOKIE, settings.token, httponly=True, samesite="strict")
-                return response
-            return await call_next(request)
-
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound):
         return JSONResponse({"detail": str(exc)}, status_code=404)
@@ -163,7 +136,10 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
             batch = EventBatch.model_validate_json(body)
         except ValidationError as exc:
             raise HTTPException(422, f"invalid event batch: {_describe_validation(exc)}") from None
-        stored = await run_in_threadpool(state["store"].ingest, batch)
+        try:
+            stored = await run_in_threadpool(state["store"].ingest, batch)
+        except ValueError as exc:  # the store refused it whole (rolled back): nothing was written
+            raise HTTPException(422, f"invalid event batch: {exc}") from None
         state["last_activity"] = time.time()
         return {"stored": stored, "duplicate": not stored, "records": len(batch.steps),
                 "run_url": f"/runs/{batch.run_id}"}
@@ -215,18 +191,22 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
 
     @app.get("/api/v1/runs/{run_id}/export")
     def export_run(run_id: str, format: str = Q("json", pattern="^(json|csv|md|html)$")):
-        from .export import export_text
+        from .export import csv_chunks, export_text
         from .sources import LocalSource, SourceError
         source = LocalSource(state["store"], "this collector")
+        media = {"json": "application/json", "csv": "text/csv", "md": "text/markdown",
+                 "html": "text/html"}[format]
+        headers = {"Content-Disposition": content_disposition(f"starvewatch-{run_id}.{format}")}
+        if format == "csv":
+            # Streamed page by page: a 1M-step run never sits in memory.
+            state["query"].detail(run_id)  # 404 before the 200 has gone out
+            return StreamingResponse(csv_chunks(run_id, state["store"].step_rows(run_id)),
+                                     media_type=f"{media}; charset=utf-8", headers=headers)
         try:
             body = export_text(source, run_id, format)
         except SourceError as exc:
             raise NotFound(str(exc)) from None
-        media = {"json": "application/json", "csv": "text/csv", "md": "text/markdown",
-                 "html": "text/html"}[format]
-        filename = f"starvewatch-{run_id}.{format}"
-        return Response(body, media_type=f"{media}; charset=utf-8",
-                        headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+        return Response(body, media_type=f"{media}; charset=utf-8", headers=headers)
 
     @app.get("/metrics")
     def metrics():
@@ -237,6 +217,8 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         from ..dashboard import mount
         mount(app, settings)
 
+    # Added last, so it is the outermost: it sees every request first, the dashboard's too.
+    app.add_middleware(Guard, settings=settings)
     return app
 
 
@@ -259,11 +241,16 @@ def _background(state: dict, settings: CollectorSettings) -> None:
     while not stop.wait(settings.spool_scan_s):
         try:
             state["importer"].scan()
-        except Exception:  # one bad file or a full disk must not end the sweeps
-            pass
+        except Exception as exc:  # a full disk or an unreadable directory must not end the sweeps
+            sweep_errors.error(f"sweep:{type(exc).__name__}", "spool sweep of %s failed: %s: %s",
+                               settings.dir / "spool", type(exc).__name__, exc)
         if settings.idle_exit_s > 0:
-            store = state["store"]
-            newest = store.reader().execute("SELECT max(last_seen) FROM streams WHERE finished = 0").fetchone()[0]
+            try:
+                store = state["store"]
+                newest = store.reader().execute("SELECT max(last_seen) FROM streams WHERE finished = 0").fetchone()[0]
+            except sqlite3.Error as exc:  # busy or locked for longer than the busy timeout: ask again next time
+                sweep_errors.error("idle-check", "idle check failed: %s", exc)
+                continue
             last = max(state["last_activity"], newest or 0, state["started"])
             if time.time() - last > settings.idle_exit_s:
                 os.kill(os.getpid(), signal.SIGTERM)  # uvicorn shuts down gracefully

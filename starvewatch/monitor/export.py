@@ -16,18 +16,38 @@ def to_json(summary: dict) -> str:
     return json.dumps(summary, indent=2, sort_keys=False, default=str) + "\n"
 
 
+def _csv_row(run_id: str, s: dict) -> tuple:
+    gpu = s.get("gpu_idle_ns")
+    return (run_id, s["rank"], s["loader"], s["epoch"], s["step"], s["start_ns"],
+            s["wait_ns"] / 1e6, s["compute_ns"] / 1e6, s["other_ns"] / 1e6,
+            "" if gpu is None else gpu / 1e6, "" if s.get("batch_size") is None else s["batch_size"])
+
+
 def write_csv(run_id: str, steps, out) -> int:
     """One row per recorded step; rows + dropped records = steps. Returns the row count."""
     writer = csv.writer(out)
     writer.writerow(CSV_COLUMNS)
     rows = 0
     for s in steps:
-        gpu = s.get("gpu_idle_ns")
-        writer.writerow((run_id, s["rank"], s["loader"], s["epoch"], s["step"], s["start_ns"],
-                         s["wait_ns"] / 1e6, s["compute_ns"] / 1e6, s["other_ns"] / 1e6,
-                         "" if gpu is None else gpu / 1e6, "" if s.get("batch_size") is None else s["batch_size"]))
+        writer.writerow(_csv_row(run_id, s))
         rows += 1
     return rows
+
+
+def csv_chunks(run_id: str, row_batches):
+    """The CSV export as UTF-8 chunks, one per batch of step rows (tuples of
+    Store.STEP_ROW_COLUMNS), for a streamed response: memory stays flat whatever the run's length."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_COLUMNS)
+    for rows in row_batches:
+        writer.writerows((run_id, rank, loader, epoch, step, start, wait / 1e6, compute / 1e6, other / 1e6,
+                          "" if gpu is None else gpu / 1e6, "" if size is None else size)
+                         for rank, loader, epoch, step, start, wait, compute, other, size, gpu in rows)
+        yield buffer.getvalue().encode()
+        buffer.seek(0)
+        buffer.truncate()
+    yield buffer.getvalue().encode()
 
 
 def _pct(x) -> str:

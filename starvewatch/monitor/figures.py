@@ -1,6 +1,8 @@
 """Plotly figure builders: data in, figure out. Shared by the HTML export and the dashboard."""
 from __future__ import annotations
 
+import html
+
 import plotly.graph_objects as go
 
 WAIT_COLOR = "#d9534f"
@@ -10,8 +12,13 @@ LAYOUT = dict(template="plotly_white", margin=dict(l=50, r=20, t=70, b=40), heig
               title_y=0.97)
 
 
+def _text(title: str) -> str:
+    """Plotly reads a subset of HTML in titles: run and loader names are shown as text."""
+    return html.escape(title, quote=False)
+
+
 def _empty(title: str, note: str = "no data yet") -> go.Figure:
-    fig = go.Figure(layout=dict(title=title, **LAYOUT))
+    fig = go.Figure(layout=dict(title=_text(title), **LAYOUT))
     fig.add_annotation(text=note, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
     return fig
 
@@ -22,7 +29,7 @@ def step_timeline(series: dict, title: str = "Wait vs compute per step") -> go.F
     if not points:
         return _empty(title)
     x = [p["index"] for p in points]
-    fig = go.Figure(layout=dict(title=title, xaxis_title="step", yaxis_title="ms", **LAYOUT))
+    fig = go.Figure(layout=dict(title=_text(title), xaxis_title="step", yaxis_title="ms", **LAYOUT))
     fig.add_trace(go.Scatter(x=x, y=[p["compute_ms"][1] for p in points], name="compute (mean)",
                              stackgroup="loop", line=dict(color=COMPUTE_COLOR)))
     fig.add_trace(go.Scatter(x=x, y=[p["wait_ms"][1] for p in points], name="data wait (mean)",
@@ -39,7 +46,7 @@ def wait_fraction_over_time(series: dict, title: str = "Input wait over time") -
     points = series.get("points") or []
     if not points:
         return _empty(title)
-    fig = go.Figure(layout=dict(title=title, yaxis=dict(title="share of the loop", tickformat=".0%",
+    fig = go.Figure(layout=dict(title=_text(title), yaxis=dict(title="share of the loop", tickformat=".0%",
                                                          range=[0, 1]), **LAYOUT))
     fig.add_trace(go.Scatter(x=[p["t"] for p in points], y=[p["input_wait_fraction"] for p in points],
                              name="input wait", line=dict(color=WAIT_COLOR), fill="tozeroy"))
@@ -52,7 +59,7 @@ def throughput_over_time(series: dict, title: str = "Throughput") -> go.Figure:
     points = series.get("points") or []
     if not points:
         return _empty(title)
-    fig = go.Figure(layout=dict(title=title, yaxis_title="batches/s", **LAYOUT))
+    fig = go.Figure(layout=dict(title=_text(title), yaxis_title="batches/s", **LAYOUT))
     fig.add_trace(go.Scatter(x=[p["t"] for p in points], y=[p["batches_per_s"] for p in points],
                              name="batches/s", line=dict(color=COMPUTE_COLOR)))
     return fig
@@ -62,7 +69,7 @@ def wait_histogram(series: dict, title: str = "Wait per batch") -> go.Figure:
     points = series.get("points") or []
     if not points:
         return _empty(title)
-    fig = go.Figure(layout=dict(title=title, xaxis_title="ms (bucket mean)", yaxis_title="steps", **LAYOUT))
+    fig = go.Figure(layout=dict(title=_text(title), xaxis_title="ms (bucket mean)", yaxis_title="steps", **LAYOUT))
     fig.add_trace(go.Histogram(x=[p["wait_ms"][1] for p in points], y=[p["count"] for p in points],
                                histfunc="sum", marker_color=WAIT_COLOR, nbinsx=40, name="wait"))
     return fig
@@ -73,7 +80,7 @@ def system_over_time(samples: list[dict], title: str = "Host and GPU") -> go.Fig
     gpu = [s for s in samples if s.get("kind") == "gpu"]
     if not host and not gpu:
         return _empty(title)
-    fig = go.Figure(layout=dict(title=title, yaxis=dict(title="%", range=[0, 105]), **LAYOUT))
+    fig = go.Figure(layout=dict(title=_text(title), yaxis=dict(title="%", range=[0, 105]), **LAYOUT))
 
     def t(s):
         return s["t_ns"] / 1e9

@@ -1,14 +1,22 @@
 """Wire models, validated at the collector's boundary (pydantic, strict about numbers)."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..ids import ID_PATTERN, NAME_PATTERN
+from ..redact import redact_argv
 from ..schema import EVENTS_SCHEMA
 
-NonNegInt = Annotated[int, Field(ge=0)]
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+# Bounded so every sum the collector forms stays an exact 64-bit integer (2**53 ns: 104 days).
+NonNegInt = Annotated[int, Field(ge=0, le=2**53)]
+WallNs = Annotated[int, Field(ge=0, le=2**63 - 1)]  # wall-clock ns since the Unix epoch
+Number = Annotated[int | float, Field(ge=-1e300, le=1e300)]
+# Shown to people (escaped wherever shown): printable text.
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+# Becomes a directory name, a URL segment, part of a file name: a small character set.
+Id = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
 MAX_BATCH_RECORDS = 50_000
 
 
@@ -21,7 +29,7 @@ class StepColumns(Strict):
     loader: list[Name] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
     epoch: list[NonNegInt] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
     step: list[NonNegInt] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
-    start_ns: list[NonNegInt] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    start_ns: list[WallNs] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
     wait_ns: list[NonNegInt] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
     compute_ns: list[NonNegInt] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
     other_ns: list[NonNegInt] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
@@ -53,46 +61,126 @@ class LoaderTotalsModel(Strict):
     wait_probe_cpu_ns: NonNegInt = 0
 
 
+class Open(Strict):
+    # The fields the collector reads are typed; the rest is kept as sent.
+    model_config = ConfigDict(allow_inf_nan=False, extra="allow")
+
+
+class LoaderConfig(Open):
+    num_workers: NonNegInt | None = None
+    batch_size: NonNegInt | None = None
+    prefetch_factor: NonNegInt | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+
+
+class WorkerInfo(Open):
+    id: NonNegInt | Name | None = None
+    pid: NonNegInt | None = None
+    state: Name | None = None
+    batches: NonNegInt | None = None
+    load_ms_mean: Number | None = None
+    cpu_fraction: Number | None = None
+    cpu_pct: Number | None = None
+
+
+class Device(Open):
+    name: Name | None = None
+    gpu_util_pct: Number | None = None
+    mem_used_bytes: Number | None = None
+    mem_total_bytes: Number | None = None
+
+
+class Sample(Open):
+    kind: Name | None = None
+    t_ns: WallNs | None = None
+    cpu_pct: Number | None = None
+    process_cpu_pct: Number | None = None
+    iowait_pct: Number | None = None
+    mem_available_bytes: Number | None = None
+    mem_total_bytes: Number | None = None
+    swap_in_bytes_per_s: Number | None = None
+    swap_out_bytes_per_s: Number | None = None
+    disk_read_bytes_per_s: Number | None = None
+    shm_used_bytes: Number | None = None
+    shm_total_bytes: Number | None = None
+    cpu_count: NonNegInt | None = None
+    devices: list[Device] = Field(default_factory=list, max_length=1000)
+
+
+class WorkerSnapshot(Open):
+    t_ns: WallNs | None = None
+    loader: Name | None = None
+    configured_workers: NonNegInt | None = None
+    alive_workers: NonNegInt | None = None
+    queue_depth: Number | None = None
+    queue_capacity: NonNegInt | None = None
+    workers: list[WorkerInfo] = Field(default_factory=list, max_length=10_000)
+
+
+class Stall(Open):
+    t_ns: WallNs | None = None
+    loader: Name
+    rank: NonNegInt | None = None
+    epoch: NonNegInt | None = None
+    step: NonNegInt | None = None
+    started_ns: WallNs
+    ended_ns: WallNs | None = None
+    wait_s: Annotated[float, Field(ge=0, le=1e12)]
+    workers: list[WorkerInfo] = Field(default_factory=list, max_length=10_000)
+
+
 class LoaderInfo(Strict):
     name: Name
     kind: str | None = None
-    config: dict[str, Any] | None = None
+    config: LoaderConfig | None = None
     totals: LoaderTotalsModel
 
 
 class RunInfo(Strict):
     model_config = ConfigDict(allow_inf_nan=False, extra="allow")
-    id: Name
+    id: Id
     name: Name
     started_at: Annotated[float, Field(ge=0)] | None = None
     ended_at: Annotated[float, Field(ge=0)] | None = None
     host: str | None = None
     rank: NonNegInt = 0
-    world_size: Annotated[int, Field(ge=1)] = 1
+    world_size: Annotated[int, Field(ge=1, le=2**53)] = 1
+
+    @model_validator(mode="after")
+    def hide_secrets(self) -> "RunInfo":
+        # Hooks from before the redaction, or a hand-made batch: the collector never stores them.
+        extra = self.__pydantic_extra__
+        if extra is not None and isinstance(extra.get("argv"), list):
+            extra["argv"] = redact_argv(extra["argv"])
+        return self
 
 
 class EventBatch(Strict):
     """One sequence-numbered batch from one process stream (`starvewatch.events/1`)."""
 
     schema_: Literal[EVENTS_SCHEMA] = Field(alias="schema")
-    run_id: Name
+    run_id: Id
     rank: NonNegInt = 0
-    stream: Name
-    seq: Annotated[int, Field(ge=1)]
-    sent_at_ns: NonNegInt | None = None
+    stream: Id
+    seq: Annotated[int, Field(ge=1, le=2**53)]
+    sent_at_ns: WallNs | None = None
     status: Literal["live", "finished"] = "live"
     run: RunInfo | None = None
     loaders: list[LoaderInfo] = Field(default_factory=list, max_length=1000)
     steps: StepColumns = Field(default_factory=StepColumns)
     phases: list[tuple[Name, NonNegInt, NonNegInt, Name, NonNegInt]] = Field(
         default_factory=list, max_length=MAX_BATCH_RECORDS * 8)
-    samples: list[dict[str, Any]] = Field(default_factory=list, max_length=10_000)
-    workers: list[dict[str, Any]] = Field(default_factory=list, max_length=10_000)
-    stalls: list[dict[str, Any]] = Field(default_factory=list, max_length=1_000)
+    samples: list[Sample] = Field(default_factory=list, max_length=10_000)
+    workers: list[WorkerSnapshot] = Field(default_factory=list, max_length=10_000)
+    stalls: list[Stall] = Field(default_factory=list, max_length=1_000)
     drops: dict[str, NonNegInt] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def run_matches(self) -> "EventBatch":
+        for value in (self.run_id, self.stream):
+            if set(value) == {"."}:
+                raise ValueError(f"{value!r} is not an id (it names a directory)")
         if self.run is not None and self.run.id != self.run_id:
             raise ValueError(f"run.id {self.run.id!r} differs from run_id {self.run_id!r}")
         return self

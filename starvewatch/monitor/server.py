@@ -20,10 +20,24 @@ def serve(settings: CollectorSettings, *, autostarted: bool = False) -> None:
     from .app import create_app
 
     settings.pid_file_autostarted = autostarted
+    _log_to_stderr()
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=5)
     uvicorn.Server(config).run()
+
+
+def _log_to_stderr() -> None:
+    """The collector's own warnings (a rejected spool file, a failing sweep) on its stderr, which
+    is its log file when it was started for you."""
+    import logging
+    import sys
+    logger = logging.getLogger("starvewatch")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 def stop(directory: Path, timeout_s: float = 10.0) -> tuple[bool, str]:

@@ -30,6 +30,7 @@ class CollectorSettings:
     spool_scan_s: float = 5.0           # how often the spool directory is swept
     max_body_bytes: int = 4 * 1024 * 1024          # compressed, as sent
     max_decompressed_bytes: int = 32 * 1024 * 1024
+    body_timeout_s: float = 30.0        # a request body silent this long is answered 408
     metrics_max_runs: int = 50
     metrics_finished_keep_s: float = 300.0
     dashboard: bool = True
@@ -50,6 +51,12 @@ class CollectorSettings:
 
     def check(self) -> None:
         """Refuse settings that would expose training data to the network."""
+        if not self.body_timeout_s > 0:
+            raise ValueError(f"the body timeout must be a positive number of seconds, got {self.body_timeout_s}")
+        if self.token is not None and not (self.token.isascii() and self.token.isprintable()
+                                           and " " not in self.token and ";" not in self.token):
+            raise ValueError("the token must be printable ASCII without spaces or ';' "
+                             "(for example: python -c 'import secrets; print(secrets.token_urlsafe())')")
         if not is_loopback(self.host) and not self.token:
             raise ValueError(f"binding {self.host} (not loopback) requires a token: "
                              f"pass --token or set STARVEWATCH_TOKEN")

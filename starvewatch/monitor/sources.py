@@ -6,6 +6,8 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+from ..ids import url_segment
+
 
 class SourceError(Exception):
     """A problem the user can fix: the message says how. Printed without a traceback."""
@@ -109,31 +111,31 @@ class RemoteSource:
         return self._get("/api/v1/runs", status=status, q=search)["runs"]
 
     def summary(self, run_id: str) -> dict:
-        return self._get(f"/api/v1/runs/{run_id}/summary")
+        return self._get(f"/api/v1/runs/{url_segment(run_id)}/summary")
 
     def detail(self, run_id: str) -> dict:
-        return self._get(f"/api/v1/runs/{run_id}")
+        return self._get(f"/api/v1/runs/{url_segment(run_id)}")
 
     def steps(self, run_id: str):
         after = 0
         while after is not None:
-            page = self._get(f"/api/v1/runs/{run_id}/steps", after=after, limit=20_000)
+            page = self._get(f"/api/v1/runs/{url_segment(run_id)}/steps", after=after, limit=20_000)
             yield from page["steps"]
             after = page["next_after"]
 
     def series(self, run_id: str, loader: str | None = None, points: int = 500) -> dict:
-        return self._get(f"/api/v1/runs/{run_id}/series", loader=loader, points=points)
+        return self._get(f"/api/v1/runs/{url_segment(run_id)}/series", loader=loader, points=points)
 
     def step_series(self, run_id: str, loader: str, rank: int = 0, points: int = 1000) -> dict:
-        return self._get(f"/api/v1/runs/{run_id}/steps/series", loader=loader, rank=rank, points=points)
+        return self._get(f"/api/v1/runs/{url_segment(run_id)}/steps/series", loader=loader, rank=rank, points=points)
 
     def samples(self, run_id: str) -> list[dict]:
-        return self._get(f"/api/v1/runs/{run_id}/events/samples", limit=50_000)["events"]
+        return self._get(f"/api/v1/runs/{url_segment(run_id)}/events/samples", limit=50_000)["events"]
 
     def delete(self, run_id: str) -> None:
         import httpx
         try:
-            response = self.client.delete(f"/api/v1/runs/{run_id}")
+            response = self.client.delete(f"/api/v1/runs/{url_segment(run_id)}")
         except httpx.HTTPError as exc:
             raise SourceError(f"cannot reach the collector at {self.url}: {exc}") from None
         if response.status_code == 404:

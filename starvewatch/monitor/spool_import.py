@@ -19,12 +19,13 @@ class SpoolImporter:
         self.delete = delete
         self.imported_batches = 0
         self.rejected_files: list[str] = []
+        self._skip: set[Path] = set()  # rejected but could not be renamed: said once, not retried
 
     def files(self) -> list[Path]:
         if not self.root.is_dir():
             return []
         # <run>/<stream>/<seq>.json.gz; sorted so each stream replays in sequence order
-        return sorted(self.root.glob(GLOB))
+        return sorted(p for p in self.root.glob(GLOB) if p not in self._skip)
 
     def scan(self, progress=None) -> int:
         """Import every spooled batch (duplicates are ignored by sequence number)."""
@@ -52,8 +53,12 @@ class SpoolImporter:
         target = path.with_name(path.name + ".rejected")
         try:
             path.rename(target)
-        except OSError:
-            pass
+        except FileNotFoundError:
+            return  # its producer replayed and removed it meanwhile
+        except OSError as rename_error:  # read-only spool: it stays, and is skipped while this importer runs
+            self._skip.add(path)
+            log.warning("spool file %s rejected (%s) and cannot be set aside: %s", path, exc, rename_error)
+            return
         self.rejected_files.append(str(target))
         log.warning("spool file %s rejected: %s", path, exc)
 

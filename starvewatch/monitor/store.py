@@ -123,16 +123,18 @@ class Store:
                 if batch.phases:
                     w.executemany("INSERT INTO phases VALUES (?, ?, ?, ?, ?, ?, ?)",
                                   [(batch.run_id, batch.rank, *p) for p in batch.phases])
-                events = [(kind, e) for kind in ("samples", "workers", "stalls")
+                events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
                           for e in getattr(batch, kind)]
                 if events:
                     w.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
                                   [(batch.run_id, batch.rank, kind, int(e.get("t_ns") or time.time_ns()),
                                     orjson.dumps(e).decode()) for kind, e in events])
                 w.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 w.execute("ROLLBACK")
                 self._stats_cache.clear()  # may hold this batch's records: reload from disk
+                if isinstance(exc, orjson.JSONEncodeError):  # an integer past 64 bits in a free-form field
+                    raise ValueError(f"batch cannot be stored: {exc}") from None
                 raise
         self.ingested_records += len(steps)
         self.versions[batch.run_id] += 1
@@ -224,6 +226,25 @@ class Store:
                                        "WHERE run_id = ?", (run_id,)).fetchone()
         return None if lo is None else (lo, hi)
 
+    STEP_ROW_COLUMNS = ("rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
+                        "batch_size", "gpu_idle_ns")
+
+    def step_rows(self, run_id: str, batch: int = 5000):
+        """Every step row of a run (tuples of STEP_ROW_COLUMNS) in rowid order, `batch` at a time,
+        from one query on a connection of its own: a streamed export resumes on whichever
+        thread is free, and memory holds one batch, not the run."""
+        span = self.step_range(run_id)
+        if span is None:
+            return
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        try:
+            cursor = conn.execute(f"SELECT {', '.join(self.STEP_ROW_COLUMNS)} FROM steps "
+                                  "WHERE rowid BETWEEN ? AND ? AND run_id = ? ORDER BY rowid", (*span, run_id))
+            while rows := cursor.fetchmany(batch):
+                yield rows
+        finally:
+            conn.close()
+
     def _stats(self, w, run_id: str, stream: str, loader: str) -> RecordStats:
         key = (run_id, stream, loader)
         stats = self._stats_cache.get(key)
@@ -250,7 +271,8 @@ class Store:
             "totals = CASE WHEN excluded.totals_seq > totals_seq THEN excluded.totals ELSE totals END, "
             "totals_seq = max(totals_seq, excluded.totals_seq)",
             (batch.run_id, batch.stream, batch.rank, loader.name, loader.kind,
-             orjson.dumps(loader.config).decode() if loader.config is not None else None,
+             orjson.dumps(loader.config.model_dump(exclude_unset=True)).decode()
+             if loader.config is not None else None,
              loader.totals.model_dump_json(), batch.seq))
 
     # ---- reads -------------------------------------------------------------------------------

@@ -4,9 +4,11 @@ sequence-numbered batches. Its cycle runs on the sampler thread while the sideca
 (see `drive`), else on its own thread; never on the training thread."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
+from ...logonce import RateLimitedLog
 from ...schema import EVENTS_SCHEMA
 from ..cuda import PENDING
 from ..record_layout import R_GPU
@@ -17,6 +19,8 @@ HEARTBEAT_S = 2.0           # an idle process still says it is alive this often
 GPU_PENDING_LIMIT_S = 30.0  # an event pair never completed by then yields no measurement
 GPU_FINAL_WAIT_S = 1.5      # at finish(), how long queued GPU work may take to drain
 DRIVEN_WAKE_S = 5.0         # while the sampler runs the cycles, this thread checks this often
+
+_errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
 
 
 class Shipper(threading.Thread):
@@ -98,6 +102,9 @@ class Shipper(threading.Thread):
     def _note_error(self, text: str) -> None:
         if len(self.errors) < 20:
             self.errors.append(text)
+        # One console line per kind of failure ("cycle: OSError(...)" and "final flush: OSError(...)"
+        # are one kind), then at most one per 5 minutes.
+        _errors.error(text.split(": ", 1)[-1].split("(")[0], "starvewatch: shipping records failed: %s", text)
 
     # ---- one cycle ------------------------------------------------------------------------
     def _take(self, n: int) -> list[tuple]:

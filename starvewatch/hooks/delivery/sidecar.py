@@ -22,6 +22,7 @@ Run as `python -m starvewatch.hooks.delivery.sidecar`; nothing here is imported 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import signal
@@ -30,10 +31,29 @@ import threading
 import time
 from pathlib import Path
 
+from ...logonce import RateLimitedLog
 from .collector_link import find_collector
 from .records import LocalPipeline
 from ..samplers import HostSampler, _psutil, gpu_reading
 from .transport import Delivery, HttpTransport, Spool, TransportError
+
+log = logging.getLogger("starvewatch.sidecar")
+_errors = RateLimitedLog(log)
+
+
+class ToTrainingProcess(logging.Handler):
+    """The sidecar has no console (its stderr goes nowhere): its warnings travel up the pipe,
+    and the training process prints each as one line. Rate-limited where they are made."""
+
+    def __init__(self, sidecar) -> None:
+        super().__init__(logging.WARNING)
+        self.sidecar = sidecar
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.sidecar.send({"kind": "log", "message": self.format(record)})
+        except Exception:  # logging's own convention: a handler never raises
+            self.handleError(record)
 
 EOF_FLUSH_S = 5.0  # after EOF, batches still queued are sent for this long, then spooled
 
@@ -120,7 +140,8 @@ class Sidecar:
                 try:
                     self.pipeline.send_packed(header, parts, self.flush_deadline)
                 except (OSError, TransportError) as exc:  # a full disk: counted, never fatal
-                    print(f"starvewatch sidecar: {exc}", file=sys.stderr)
+                    _errors.error(f"send:{type(exc).__name__}", "starvewatch: a batch could not be delivered "
+                                  "or spooled: %s", exc)
                 # The book first: the training process takes it over with the acknowledgement.
                 self.send({"kind": "book", "book": self.pipeline.book().to_dict()})
                 self.send({"kind": "acked", "seq": header["seq"], "dropped": self.delivery.dropped()})
@@ -135,7 +156,7 @@ class Sidecar:
         try:
             self.delivery.replay(deadline)
         except (OSError, TransportError) as exc:
-            print(f"starvewatch sidecar: replay: {exc}", file=sys.stderr)
+            _errors.error(f"replay:{type(exc).__name__}", "starvewatch: replaying the spool failed: %s", exc)
 
     # ---- sampling ----------------------------------------------------------------------------
     def tick_host(self) -> None:
@@ -186,6 +207,9 @@ def main() -> int:
         pass
     stdin = sys.stdin.buffer
     sidecar = Sidecar(json.loads(stdin.readline()), sys.stdout)
+    root = logging.getLogger("starvewatch")
+    root.addHandler(ToTrainingProcess(sidecar))
+    root.propagate = False
     threading.Thread(target=sidecar.read_commands, args=(stdin,), daemon=True).start()
     sampler = threading.Thread(target=sidecar.sample_forever, daemon=True)
     sampler.start()

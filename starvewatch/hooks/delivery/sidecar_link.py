@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import marshal
 import os
 import select
@@ -21,6 +22,8 @@ from collections import OrderedDict
 
 from .records import CHUNK, LocalPipeline, RecordBook
 from .transport import dumps
+
+log = logging.getLogger("starvewatch.hooks")
 
 SIDECAR_MODULE = "starvewatch.hooks.delivery.sidecar"  # run with -m: sidecar.py
 
@@ -110,7 +113,9 @@ class SidecarLink:
             proc = subprocess.Popen([sys.executable, "-m", SIDECAR_MODULE],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                     stderr=subprocess.DEVNULL, close_fds=True)
-        except (OSError, ValueError):
+        except (OSError, ValueError) as exc:  # no process to spare: the training process does it all
+            log.warning("starvewatch: the sidecar process could not start (%s); sampling and delivery "
+                        "run in the training process", exc)
             return None
         link = cls(proc)
         link._send(config)
@@ -159,6 +164,8 @@ class SidecarLink:
                     self.collector = message.get("found")
                 elif kind in ("host", "gpu", "processes", "sampled"):
                     self.readings.append(message)
+                elif kind == "log":  # a warning of the sidecar's, rate-limited there: one console line
+                    log.warning("%s", message.get("message"))
 
     def take_readings(self) -> list[dict]:
         self.poll()

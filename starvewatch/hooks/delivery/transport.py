@@ -9,12 +9,16 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import logging
 import os
 import time
 import urllib.parse
 from pathlib import Path
 
+from ...logonce import RateLimitedLog
 from ...spool_format import SUFFIX, file_name, read_spool_file
+
+_spool_errors = RateLimitedLog(logging.getLogger("starvewatch.delivery"))
 
 _dumps = None
 
@@ -173,7 +177,9 @@ class Spool:
                 size = path.stat().st_size
                 records = len(read_spool_file(path).get("steps", {}).get("step", []))
                 path.unlink()
-            except (OSError, ValueError):
+            except (OSError, ValueError) as exc:
+                _spool_errors.error("make-room", "starvewatch: spool file %s cannot be read or removed to make "
+                                    "room (%s); the spool may outgrow its limit", path, exc)
                 continue
             self._bytes -= size
             self.dropped_payloads += 1

@@ -1,0 +1,80 @@
+"""Identifiers that become paths, URLs and file names: one rule, shared by the hooks and the
+collector (stdlib only; no import of either side).
+
+A run id and a stream id become directory names (`spool/<run>/<stream>/`), URL path segments
+(`/runs/<run>`) and part of an export's file name, so they are held to a small character set.
+Names (run names, loader names) are free text shown to people: they only lose control
+characters, and every place that shows them escapes them.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from urllib.parse import quote
+
+ID_MAX_CHARS = 128
+NAME_MAX_CHARS = 200
+# Letters, digits and . _ - : @ + = ~ ; never a path separator, a NUL, a space or `%`.
+ID_PATTERN = r"^[A-Za-z0-9_.:@+=~-]{1,128}$"
+_ID = re.compile(ID_PATTERN)
+# Printable text: no C0 control characters (NUL, newline, escape...) and no DEL.
+NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+def id_problem(value: object) -> str | None:
+    """Why `value` is not a valid run or stream id, or None when it is."""
+    if not isinstance(value, str):
+        return f"an id is a string, got {type(value).__name__}"
+    if not _ID.fullmatch(value):
+        return (f"an id is 1 to {ID_MAX_CHARS} characters from A-Z a-z 0-9 _ . - : @ + = ~, "
+                f"got {value[:60]!r}")
+    if set(value) == {"."}:
+        return f"{value!r} is not an id (it names a directory)"
+    return None
+
+
+def check_id(value: object) -> str:
+    problem = id_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value  # type: ignore[return-value]
+
+
+def safe_id(value: str) -> str:
+    """A valid id made from any string: unchanged when already valid, else its allowed
+    characters plus a short hash of the original, so two different inputs stay different."""
+    if id_problem(value) is None:
+        return value
+    kept = re.sub(r"[^A-Za-z0-9_.:@+=~-]+", "-", value).strip(".-")[:ID_MAX_CHARS - 13] or "run"
+    digest = hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{kept}-{digest}"
+
+
+def name_problem(value: object) -> str | None:
+    if not isinstance(value, str):
+        return f"a name is a string, got {type(value).__name__}"
+    if not _NAME.fullmatch(value):
+        return f"a name is 1 to {NAME_MAX_CHARS} printable characters (no control characters)"
+    return None
+
+
+def safe_name(value: str, default: str = "run") -> str:
+    """A valid name made from any string: control characters become spaces, at most 200
+    characters (a name the collector would refuse would cost the run its data)."""
+    text = re.sub(r"[\x00-\x1f\x7f]+", " ", str(value)).strip()[:NAME_MAX_CHARS]
+    text = text.encode("utf-8", "replace").decode("utf-8")  # lone surrogates are not text
+    return text or default
+
+
+def url_segment(value: str) -> str:
+    """One URL path segment: `/` and `?` inside a run id never change which route answers."""
+    return quote(value, safe="")
+
+
+def content_disposition(filename: str) -> str:
+    """An `attachment` header whose file name cannot escape the quotes or name a directory:
+    an ASCII fallback plus the exact name as RFC 5987 `filename*`."""
+    plain = re.sub(r"[^A-Za-z0-9_.+=~-]+", "_", filename).strip("._") or "download"
+    exact = re.sub(r"[\x00-\x1f\x7f/\\\\]+", "_", filename).strip(". ") or plain
+    return f"attachment; filename=\"{plain}\"; filename*=UTF-8''{quote(exact, safe='')}"
