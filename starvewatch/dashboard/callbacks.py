@@ -22,7 +22,9 @@ function(n) {
 
 
 def run_options(runs: list[dict], *wanted: str | None) -> list[dict]:
-    options = [{"label": f"{r['name']} — {r['id']}", "value": r["id"]} for r in runs]
+    # Run ids start with the run's name; the name is repeated only when they do not.
+    options = [{"label": r["id"] if r["id"].startswith(r["name"]) else f"{r['name']} — {r['id']}",
+                "value": r["id"]} for r in runs]
     known = {o["value"] for o in options}
     # A run asked for by the URL but not (or no longer) stored stays selected; the comparison
     # then says it is unknown instead of the picker silently emptying.
@@ -146,4 +148,6 @@ def register(app, get_query) -> None:
             before, after = await run_in_threadpool(lambda: (query.summary(a), query.summary(b)))
         except NotFound as exc:
             return html.P(str(exc))
-        return views.compare_panel(before, after, verify(before, after))
+        links = html.P(["before: ", dcc.Link(a, href=f"/runs/{quote(a)}"), " · after: ",
+                        dcc.Link(b, href=f"/runs/{quote(b)}")], className="sw-subtitle")
+        return html.Div([links, views.compare_panel(before, after, verify(before, after))])

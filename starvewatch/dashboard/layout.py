@@ -63,8 +63,8 @@ def compare_page(a: str | None, b: str | None, options: list[dict] | None = None
     options = options or []
     return html.Div([
         html.H2("Compare runs"),
-        html.Div([dcc.Dropdown(id="compare-a", options=options, value=a, placeholder="before", style={"width": "380px"}),
-                  dcc.Dropdown(id="compare-b", options=options, value=b, placeholder="after", style={"width": "380px"})],
+        html.Div([dcc.Dropdown(id="compare-a", options=options, value=a, placeholder="before", style={"width": "480px"}),
+                  dcc.Dropdown(id="compare-b", options=options, value=b, placeholder="after", style={"width": "480px"})],
                  style={"display": "flex", "gap": "12px"}),
         html.Div(id="compare-result", className="sw-card"),
     ])

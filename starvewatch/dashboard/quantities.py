@@ -48,9 +48,20 @@ def _number(x: float) -> str:
     return f"{x:,.1f}" if magnitude >= 10 else f"{x:.2f}" if magnitude >= 0.1 else f"{x:.3g}"
 
 
+def _per(key: str) -> tuple[str, str] | None:
+    """`growth_bytes_per_epoch` -> ("growth_bytes", "epoch"): a unit per something else."""
+    base, sep, per = key.rpartition("_per_")
+    if sep and base and per != "s" and unit_of(base) is not None and key not in LABELS:
+        return base, per.replace("_", " ")
+    return None
+
+
 def label(key: str) -> str:
     if key in LABELS:
         return LABELS[key]
+    per = _per(key)
+    if per is not None:
+        return f"{label(per[0])} per {per[1]}"
     for suffix, _ in SUFFIXES:
         if key.endswith(suffix) and len(key) > len(suffix):
             key = key[: -len(suffix)]
@@ -77,6 +88,9 @@ def value(key: str, x) -> str:
         return ", ".join(value(key, v) for v in x) or "none"
     if not isinstance(x, (int, float)):
         return str(x)
+    per = _per(key)
+    if per is not None:
+        return value(per[0], x)
     unit = unit_of(key)
     if unit == "%":
         # Fractions are 0..1; *_pct values are already percentages.
