@@ -125,7 +125,7 @@ def test_evidence_reads_as_named_quantities_with_units():
     rows = quantities.rows(SPEEDUP["evidence"])
     assert rows[:4] == [("load per batch", "26.7 ms"), ("compute per batch", "12.9 ms"), ("cores", "2"),
                         ("workers needed", "3")]
-    assert ("input wait", "67.4%") in rows and ("cpu bound loading", "yes") in rows
+    assert ("input wait", "67.4%") in rows and ("loading is CPU-bound", "yes") in rows
     assert all(label != "CPU busy while waiting" for label, _ in rows)  # unknown (None): left out
     assert quantities.value("shm_used_max_bytes", 3 * 2**30) == "3.0 GiB"
     assert quantities.value("detail", {"uss_growth_bytes": 2**20, "workers": [0, 2]}) == "uss growth 1.0 MiB, workers 0, 2"
@@ -143,8 +143,11 @@ def test_answer_first_verdict_change_line_and_evidence():
     protective = _text(answer.protective_card(summary))
     assert "pinned copies fail" in protective and "3.0 GiB" in protective
     assert answer.protective_card(_summary([SPEEDUP])) is None
-    assert "No change to recommend" in _text(answer.answer({**_summary(), "verdict": {
+    assert "not waiting for data" in _text(answer.answer({**_summary(), "verdict": {
         "input_bound": "not", "input_wait_fraction": 0.01}}))
+    moderate = {"input_bound": "moderate", "input_wait_fraction": 0.15}
+    assert "See the protective" not in _text(answer.answer({**_summary(), "verdict": moderate}))
+    assert "See the protective" in _text(answer.answer({**_summary([PROTECTIVE]), "verdict": moderate}))
 
 
 def test_recommendations_without_kind_are_speedups():

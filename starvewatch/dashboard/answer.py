@@ -76,9 +76,12 @@ def answer(summary: dict) -> html.Div:
     parts = [html.P(verdict_sentence(summary), className="sw-verdict", id="verdict-sentence")]
     recs = speedups(summary)
     if not recs:
-        note = ("No change to recommend: the loop is not waiting for data."
-                if summary["verdict"]["input_bound"] in ("not", "insufficient_data")
-                else "No DataLoader setting would help: see the findings below.")
+        if summary["verdict"]["input_bound"] in ("not", "insufficient_data"):
+            note = "No change to recommend: the loop is not waiting for data."
+        else:
+            note = "No change to recommend: no DataLoader setting is expected to remove the wait that is left."
+            if protective(summary) or summary.get("findings") or summary.get("stalls"):
+                note += " See the protective advice and findings below."
         parts.append(html.P(note, id="no-recommendation"))
         return html.Div(parts, id="answer", className="sw-card sw-answer")
     top = recs[0]

@@ -25,6 +25,7 @@ LABELS = {
     "wait_p99_ms": "wait p99",
     "shm_used_max_bytes": "/dev/shm used (max)",
     "shm_total_bytes": "/dev/shm size",
+    "cpu_bound_loading": "loading is CPU-bound",
 }
 
 # (suffix, unit): the longest matching suffix wins; the suffix is dropped from the label.

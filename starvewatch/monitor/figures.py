@@ -156,7 +156,8 @@ def worker_memory_over_time(events: list[dict], title: str = "Memory per worker"
             break
     else:
         return None
-    fig = go.Figure(layout=dict(title=f"{title} ({name})", yaxis_title="MiB", **LAYOUT))
+    # From zero: a few hundred KiB of noise must not look like a leak.
+    fig = go.Figure(layout=dict(title=f"{title} ({name})", yaxis=dict(title="MiB", rangemode="tozero"), **LAYOUT))
     for worker, (xs, ys) in sorted(series.items()):
         fig.add_trace(go.Scatter(x=xs, y=[y / 2**20 for y in ys], name=f"worker {worker}", mode="lines"))
     return fig
