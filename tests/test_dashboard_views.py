@@ -31,7 +31,9 @@ def test_routes_pick_the_page():
     run = callbacks.route("/runs/abc-1", "")
     assert run.children[0].data == "abc-1"
     compare = callbacks.route("/compare", "?a=x&b=y")
-    assert compare.children[1].children[0].value == "x" and compare.children[1].children[1].value == "y"
+    pickers = compare.children[2].children
+    assert pickers[0].id == "compare-a" and pickers[0].value == "x" and pickers[1].value == "y"
+    assert callbacks.compare_search("r 1", None) == "?a=r+1" and callbacks.compare_search(None, None) == ""
 
 
 def test_run_view_has_kpis_figures_and_recommendations(tmp_path):

@@ -16,7 +16,6 @@ FACTORS = {
     "compute_bound": "compute, not data",
     "gpu_transforms": "GPU-side transforms",
 }
-LOADER_ARGS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
 
 def kind(rec: dict) -> str:

@@ -1,7 +1,7 @@
 """Callbacks, registered by a function; each reads through the monitor's query layer."""
 from __future__ import annotations
 
-from urllib.parse import parse_qs, quote, unquote
+from urllib.parse import parse_qs, quote, unquote, urlencode
 
 from dash import Input, Output, State, dcc, html, no_update
 from starlette.concurrency import run_in_threadpool
@@ -29,6 +29,11 @@ def run_options(runs: list[dict], *wanted: str | None) -> list[dict]:
     # A run asked for by the URL but not (or no longer) stored stays selected; the comparison
     # then says it is unknown instead of the picker silently emptying.
     return options + [{"label": f"{w} (unknown)", "value": w} for w in dict.fromkeys(wanted) if w and w not in known]
+
+
+def compare_search(a: str | None, b: str | None) -> str:
+    pairs = {k: v for k, v in (("a", a), ("b", b)) if v}
+    return "?" + urlencode(pairs) if pairs else ""
 
 
 def route(pathname: str | None, search: str | None, runs: list[dict] | None = None):
@@ -138,6 +143,11 @@ def register(app, get_query) -> None:
         runs = await run_in_threadpool(get_query().list_runs)
         options = run_options(runs, a, b)
         return options, options
+
+    @app.callback(Output("compare-url", "search"), Input("compare-a", "value"), Input("compare-b", "value"),
+                  prevent_initial_call=True)
+    def remember_pair(a, b):
+        return compare_search(a, b)
 
     @app.callback(Output("compare-result", "children"), Input("compare-a", "value"), Input("compare-b", "value"))
     async def compare(a, b):

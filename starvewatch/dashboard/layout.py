@@ -62,6 +62,8 @@ def compare_page(a: str | None, b: str | None, options: list[dict] | None = None
     """The pickers get their options with the page, so `/compare?a=&b=` opens preselected."""
     options = options or []
     return html.Div([
+        # Picking runs writes them into the address bar (no reload), so the page can be shared.
+        dcc.Location(id="compare-url", refresh=False),
         html.H2("Compare runs"),
         html.Div([dcc.Dropdown(id="compare-a", options=options, value=a, placeholder="before", style={"width": "480px"}),
                   dcc.Dropdown(id="compare-b", options=options, value=b, placeholder="after", style={"width": "480px"})],
