@@ -152,6 +152,14 @@ def test_answer_first_verdict_change_line_and_evidence():
     assert "See the protective" in _text(answer.answer({**_summary([PROTECTIVE]), "verdict": moderate}))
 
 
+def test_each_loader_with_changes_gets_its_own_line_to_copy():
+    summary = _summary([SPEEDUP, {**SPEEDUP, "loader": "val", "suggested": 2, "expected_speedup": 1.5}])
+    summary["loaders"].append({"name": "val", "config": {"num_workers": 0, "batch_size": 64}})
+    text = _text(answer.answer(summary))
+    assert "DataLoader(dataset, num_workers=3, batch_size=16)" in text
+    assert "val loader: DataLoader(dataset, num_workers=2, batch_size=64)" in " ".join(text.split())
+
+
 def test_recommendations_without_kind_are_speedups():
     old = {k: v for k, v in SPEEDUP.items()}
     assert answer.speedups(_summary([old])) == [old] and answer.protective(_summary([old])) == []

@@ -103,6 +103,12 @@ def answer(summary: dict) -> html.Div:
                      html.Div(r.get("reason"), className="sw-reason")]) for r in recs[1:]]
     if more:
         parts += [html.H4("Also worth changing"), html.Ul(more, id="more-recommendations")]
+    for loader in summary["loaders"]:  # the other loaders' lines, each with its changes
+        other = snippet(loader.get("config"), summary.get("recommendations") or [], loader["name"]) \
+            if loader["name"] != top["loader"] else None
+        if other:
+            parts += [html.Div(f"{loader['name']} loader:", className="sw-muted"),
+                      copyable(other, f"snippet-{loader['name']}")]
     return html.Div(parts, id="answer", className="sw-card sw-answer")
 
 
