@@ -150,7 +150,16 @@ def _dir(args):
 def cmd_serve(args) -> int:
     from .monitor.settings import CollectorSettings
     settings = CollectorSettings(host=args.host, port=args.port, dir=_dir(args), db=args.db,
-                                 idle_exit_s=args.idle_exit)
+                                 idle_exit_s=args.idle_exit, otlp_endpoint=args.otlp_endpoint,
+                                 otlp_interval_s=args.otlp_interval, tensorboard_dir=args.tensorboard,
+                                 tensorboard_interval_s=args.tensorboard_interval)
+    try:  # an optional exporter asked for but not installed: say so before starting
+        if args.otlp_endpoint:
+            import starvewatch.monitor.otel  # noqa: F401
+        if args.tensorboard:
+            import starvewatch.monitor.tensorboard  # noqa: F401
+    except ImportError as exc:
+        return fail(str(exc))
     if args.token:
         settings.token = args.token
     try:
@@ -224,6 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--token", help="require this token on every route (or STARVEWATCH_TOKEN)")
     serve.add_argument("--idle-exit", type=float, default=0.0, metavar="SECONDS",
                        help="exit after this long with no live run (default: never)")
+    serve.add_argument("--otlp-endpoint", metavar="URL", help="also send the metrics to this OTLP/HTTP endpoint "
+                       "(e.g. http://otel-collector:4318/v1/metrics; needs starvewatch[otel])")
+    serve.add_argument("--otlp-interval", type=float, default=15.0, metavar="SECONDS",
+                       help="OTLP export period (default 15)")
+    serve.add_argument("--tensorboard", metavar="DIR", help="write per-run scalars for TensorBoard under DIR "
+                       "(needs starvewatch[tensorboard])")
+    serve.add_argument("--tensorboard-interval", type=float, default=5.0, metavar="SECONDS",
+                       help="TensorBoard write period (default 5)")
     serve.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 

@@ -96,7 +96,8 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
         "compute_histogram": figures.distribution_histogram(dists["compute"], f"{loader}: compute per batch",
                                                             color=figures.COMPUTE_COLOR),
         "workers": views.workers_panel(workers, loader),
-        "ranks": views.ranks_panel(per_rank) or html.P("One rank."),
+        "ranks": views.ranks_panel(per_rank, query.stragglers(run_id) if per_rank else None)
+        or html.P("One rank."),
         "config": answer.config_table(summary),
     }
 

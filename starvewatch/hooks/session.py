@@ -250,6 +250,12 @@ def watch(loader, name: str | None = None):
         return loader
     if loader is None or not hasattr(loader, "__iter__"):
         raise TypeError(f"starvewatch.watch() needs an iterable, got {type(loader).__name__}")
+    inner = getattr(loader, "base_dataloader", None)
+    if inner is not None and type(loader) is not loader.__class__:
+        # accelerate's prepared loaders (DataLoaderShard and kin) only pretend to be DataLoaders
+        # (a `__class__` property) and iterate a real one: watch that one in place.
+        watch(inner, name)
+        return loader
     session = ensure_session()
     if session is None:  # STARVEWATCH_DISABLED=1: a pass-through, no threads
         return loader
