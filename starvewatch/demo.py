@@ -78,5 +78,23 @@ def run_demo(quick: bool = False, name: str = "demo", out=None) -> tuple[dict, d
     starvewatch.init(name)
     loader = starvewatch.watch(DataLoader(dataset, **kwargs), name="train")
     _train(loader, epochs, compute_ms)
+    dashboard = _dashboard_base()
     after = starvewatch.finish()
+    print(compare_hint(before["run"]["id"], after["run"]["id"], dashboard), file=out, flush=True)
     return before, after
+
+
+def _dashboard_base() -> str | None:
+    """The collector's dashboard this run reached (None when it ran offline, into the spool)."""
+    from .hooks.session import current_session
+    session = current_session()
+    url = session.dashboard_url if session is not None else None
+    return url.rsplit("/runs/", 1)[0] if url else None
+
+
+def compare_hint(before_id: str, after_id: str, dashboard: str | None) -> str:
+    """Where to see the before/after: the compare page when a collector has both runs."""
+    from urllib.parse import quote
+    if dashboard:
+        return f"compare before and after: {dashboard}/compare?a={quote(before_id)}&b={quote(after_id)}"
+    return f"compare before and after: starvewatch compare {before_id} {after_id}"

@@ -3,6 +3,7 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -143,3 +144,11 @@ def test_demo_quick_runs_both_configurations_and_compares():
     assert "[1/2] starved configuration" in out.stdout and "[2/2] recommended configuration" in out.stdout
     assert "| train | batches/s |" in out.stdout and "num_workers=" in out.stdout
     assert "input-bound: high" in out.stderr  # the end-of-run report of the starved run
+    # Offline (no collector): the command that compares them; with one, the compare page (below).
+    assert re.search(r"compare before and after: starvewatch compare demo-\S+ demo-\S+", out.stdout)
+
+
+def test_demo_points_at_the_compare_page_of_its_two_runs():
+    from starvewatch.demo import compare_hint
+    assert compare_hint("demo-1", "demo 2", "http://127.0.0.1:8412") == \
+        "compare before and after: http://127.0.0.1:8412/compare?a=demo-1&b=demo%202"

@@ -1,7 +1,8 @@
 """Dashboard view builders and callback logic as plain functions, on a real store."""
 import orjson
 
-from starvewatch.dashboard import callbacks, layout, views
+from starvewatch.dashboard import answer, callbacks, layout, quantities, views
+from starvewatch.monitor import figures
 from starvewatch.monitor.models import EventBatch
 from starvewatch.monitor.query import Query
 from starvewatch.monitor.store import Store
@@ -30,7 +31,9 @@ def test_routes_pick_the_page():
     run = callbacks.route("/runs/abc-1", "")
     assert run.children[0].data == "abc-1"
     compare = callbacks.route("/compare", "?a=x&b=y")
-    assert compare.children[1].children[0].value == "x" and compare.children[1].children[1].value == "y"
+    pickers = compare.children[2].children
+    assert pickers[0].id == "compare-a" and pickers[0].value == "x" and pickers[1].value == "y"
+    assert callbacks.compare_search("r 1", None) == "?a=r+1" and callbacks.compare_search(None, None) == ""
 
 
 def test_run_view_has_kpis_figures_and_recommendations(tmp_path):
@@ -84,13 +87,141 @@ def test_layout_polls_every_second():
     assert "document.hidden" in callbacks.VISIBLE_TICK
 
 
-def test_workers_panel_shows_each_worker_and_the_queue():
-    events = [{"loader": "train", "alive_workers": 1, "configured_workers": 2, "queue_depth": 3, "queue_capacity": 4,
-               "workers": [{"id": 0, "pid": 11, "state": "running", "load_ms_mean": 12.5, "cpu_fraction": 0.9,
-                            "cpu_pct": 97.0, "batches": 40},
+def test_workers_panel_shows_each_worker_over_time_and_the_queue():
+    events = [{"loader": "train", "t_ns": t * 10**9, "alive_workers": 1, "configured_workers": 2, "queue_depth": 3,
+               "queue_capacity": 4,
+               "workers": [{"id": 0, "pid": 11, "state": "running", "load_ms_mean": 12.5, "load_ms_interval": 10.0 + t % 10,
+                            "cpu_fraction": 0.9, "cpu_pct": 97.0, "batches": 40, "rss_bytes": (100 + t % 10) * 2**20},
                            {"id": 1, "pid": 12, "state": "gone", "load_ms_mean": None, "cpu_fraction": None,
-                            "cpu_pct": None, "batches": 3}]}]
-    text = _text(views.workers_panel(events))
+                            "cpu_pct": None, "batches": 3, "rss_bytes": None}]}
+              for t in range(1_700_000_000, 1_700_000_003)]
+    panel = views.workers_panel(events, "train")
+    text = _text(panel)
     assert "1/2 workers alive" in text and "queue 3/4" in text and "12.50 ms" in text and "gone" in text
-    assert "No DataLoader worker data" in _text(views.workers_panel([]))
+    assert "102.0 MiB" in text  # the latest RSS
+    load, memory = [g.figure for g in panel.children[1].children]
+    assert [t.name for t in load.data] == ["worker 0"] and list(load.data[0].y) == [10.0, 11.0, 12.0]
+    assert "RSS" in memory.layout.title.text and list(memory.data[0].y) == [100.0, 101.0, 102.0]
+    assert views.workers_panel([]) is None  # no workers: no panel
     assert views.ranks_panel({0: {}}) is None
+
+
+def _summary(recs=(), **extra):
+    return {"run": {"id": "r-1", "name": "r", "status": "finished"},
+            "verdict": {"input_bound": "high", "input_wait_fraction": 0.674, "limiting_factor": "input_bound_cpu",
+                        "speedup_at_stake": 3.07},
+            "loaders": [{"name": "train", "config": {"num_workers": 0, "batch_size": 16, "pin_memory": False}}],
+            "stalls": [], "recommendations": list(recs), **extra}
+
+
+SPEEDUP = {"loader": "train", "parameter": "num_workers", "current": 0, "suggested": 3, "reason": "too few workers",
+           "expected_speedup": 2.35, "evidence": {"input_wait_fraction": 0.674, "cpu_bound_loading": True,
+                                                  "compute_ms_mean": 12.9, "load_ms_per_batch": 26.71,
+                                                  "usable_cores": 2, "workers_needed": 3, "wait_cpu_fraction": None}}
+PROTECTIVE = {"loader": "train", "parameter": "pin_memory", "current": False, "suggested": True, "kind": "protective",
+              "risk": "pinned copies fail when the GPU is out of memory", "reason": "because", "expected_speedup": None,
+              "evidence": {"shm_used_max_bytes": 3 * 2**30, "shm_total_bytes": 4 * 2**30}}
+
+
+def test_evidence_reads_as_named_quantities_with_units():
+    rows = quantities.rows(SPEEDUP["evidence"])
+    assert rows[:4] == [("load per batch", "26.7 ms"), ("compute per batch", "12.9 ms"), ("cores", "2"),
+                        ("workers needed", "3")]
+    assert ("input wait", "67.4%") in rows and ("loading is CPU-bound", "yes") in rows
+    assert all(label != "CPU busy while waiting" for label, _ in rows)  # unknown (None): left out
+    assert quantities.value("shm_used_max_bytes", 3 * 2**30) == "3.0 GiB"
+    assert quantities.value("detail", {"uss_growth_bytes": 2**20, "workers": [0, 2]}) == "uss growth 1.0 MiB, workers 0, 2"
+
+
+def test_answer_first_verdict_change_line_and_evidence():
+    summary = _summary([SPEEDUP, PROTECTIVE])
+    card = answer.answer(summary)
+    text = _text(card)
+    assert text.startswith("Input-bound: training waits for data 67% of the time (data loading is CPU-bound)")
+    assert "num_workers: 0 → 3" in text and "expected 2.35x faster" in text
+    # The line to copy carries every change for the loader; the risk is explained in its own place.
+    assert "DataLoader(dataset, num_workers=3, batch_size=16, pin_memory=True)" in text
+    assert "pinned copies fail" not in text
+    protective = _text(answer.protective_card(summary))
+    assert "pinned copies fail" in protective and "3.0 GiB" in protective
+    assert answer.protective_card(_summary([SPEEDUP])) is None
+    assert "not waiting for data" in _text(answer.answer({**_summary(), "verdict": {
+        "input_bound": "not", "input_wait_fraction": 0.01}}))
+    moderate = {"input_bound": "moderate", "input_wait_fraction": 0.15}
+    assert "See the protective" not in _text(answer.answer({**_summary(), "verdict": moderate}))
+    assert "See the protective" in _text(answer.answer({**_summary([PROTECTIVE]), "verdict": moderate}))
+
+
+def test_each_loader_with_changes_gets_its_own_line_to_copy():
+    summary = _summary([SPEEDUP, {**SPEEDUP, "loader": "val", "suggested": 2, "expected_speedup": 1.5}])
+    summary["loaders"].append({"name": "val", "config": {"num_workers": 0, "batch_size": 64}})
+    text = _text(answer.answer(summary))
+    assert "DataLoader(dataset, num_workers=3, batch_size=16)" in text
+    assert "val loader: DataLoader(dataset, num_workers=2, batch_size=64)" in " ".join(text.split())
+
+
+def test_recommendations_without_kind_are_speedups():
+    old = {k: v for k, v in SPEEDUP.items()}
+    assert answer.speedups(_summary([old])) == [old] and answer.protective(_summary([old])) == []
+
+
+def test_config_table_highlights_what_the_recommendations_change():
+    summary = _summary([SPEEDUP, {**PROTECTIVE, "parameter": "prefetch_factor", "current": None, "suggested": 4}])
+    rows = answer.config_table(summary).children[1].children[1].children
+    changed = {_text(r.children[0]): " ".join(_text(r.children[1:]).split()) for r in rows
+               if r.className == "sw-changed"}
+    assert set(changed) == {"num_workers", "prefetch_factor"}
+    assert "→ 3" in changed["num_workers"] and "2.35x" in changed["num_workers"]
+    assert "(default)" in changed["prefetch_factor"] and "protective" in changed["prefetch_factor"]
+
+
+def test_findings_render_the_contract_fields_and_nothing_when_absent():
+    assert answer.findings_card(_summary()) is None
+    stall = {"loader": "train", "wait_s": 31.5, "step": 7, "ended_ns": None, "worker": 2, "worker_pid": 4242,
+             "worker_state": "disk-sleep", "phase": "next", "indices": [14, 15],
+             "stack": 'Thread 0x1 (most recent call first):\n  File "data.py", line 9 in __getitem__'}
+    finding = {"kind": "worker_memory_growth", "loader": "train", "severity": "critical",
+               "title": "Worker memory grows 80 MiB per epoch.", "detail": {"growth_bytes_per_epoch": 80 * 2**20},
+               "fix": "store the list as a numpy array"}
+    text = _text(answer.findings_card(_summary(stalls=[stall], findings=[finding])))
+    assert "waiting 31.5 s for batch 7 (worker 2, pid 4242, state disk-sleep, fetching the next batch)" in text
+    assert "dataset indices of that batch: 14, 15" in text and 'File "data.py", line 9' in text
+    assert "Worker memory grows 80 MiB per epoch." in text and "numpy array" in text
+    assert "growth per epoch 80.0 MiB" in text
+
+
+def test_no_raw_json_on_the_run_page(tmp_path):
+    store, query = _query(tmp_path, n=300, wait_ns=30_000_000, compute_ns=10_000_000)
+    view = callbacks.run_view(query, "run-a", None)
+    text = _text([view[k] for k in ("title", "recommendations", "advice", "kpis", "config")])
+    assert "{" not in text and '":' not in text and "load per batch" in text
+    store.close()
+
+
+def test_histogram_clips_outliers_and_counts_them():
+    pairs = [(5.0 + i % 3, 10) for i in range(30)] + [(2_000.0, 2)]
+    fig = figures.clipped_histogram(pairs, "wait")
+    meta = fig.layout.meta
+    assert meta["overflow"] == 2 and meta["max"] == 2_000.0 and meta["clip"] < 25
+    assert sum(fig.data[0].y) == 300 and list(fig.data[1].y) == [2]
+    assert fig.layout.xaxis.range[1] < 30
+    tight = figures.clipped_histogram([(5.0, 10), (9.0, 3)], "wait")
+    assert len(tight.data) == 1 and tight.layout.meta["overflow"] == 0 and tight.layout.meta["clip"] == 9.0
+    assert len(figures.clipped_histogram([], "wait").data) == 0
+
+
+def test_compare_pickers_keep_runs_from_the_url_and_run_links_to_previous(tmp_path):
+    runs = [{"id": "r-1", "name": "r"}, {"id": "x", "name": "other"}]
+    options = callbacks.run_options(runs, "r-1", "gone")
+    assert options == [{"label": "r-1", "value": "r-1"}, {"label": "other — x", "value": "x"},
+                       {"label": "gone (unknown)", "value": "gone"}]
+    store = Store(tmp_path / "db.sqlite")
+    for run_id, start in (("run-a", 1_700_000_000), ("run-b", 1_700_000_100), ("run-c", 1_700_000_200)):
+        store.ingest(EventBatch.model_validate_json(orjson.dumps(batch(run_id=run_id, stream=run_id, start_s=start))))
+    query = Query(store)
+    assert query.previous_run_id("run-c") == "run-b" and query.previous_run_id("run-a") is None
+    title = callbacks.run_view(query, "run-c", None)["title"]
+    link = title[1].children[2]
+    assert link.id == "compare-previous" and link.href == "/compare?a=run-b&b=run-c"
+    assert "no earlier run" in _text(callbacks.run_view(query, "run-a", None)["title"])
+    store.close()

@@ -17,6 +17,10 @@ def mount(app, settings) -> None:
                     assets_folder=str(Path(__file__).with_name("assets")))
     dash_app.layout = root_layout()
     register(dash_app, lambda: app.state.query)
+    # Dash finds the assets (style.css) on its first request to `/` or `/_dash-*`; a deep link
+    # such as /runs/ID or /compare?a=&b= as a fresh collector's first page would be served
+    # without its stylesheet. Do it now, once, before any request.
+    dash_app._setup_server()
     app.state.dash = dash_app
     # Added after Dash's own middleware, so it runs before it.
     app.add_middleware(CallbackRequestCheck, dash_app=dash_app)

@@ -1,15 +1,15 @@
 """Callbacks, registered by a function; each reads through the monitor's query layer."""
 from __future__ import annotations
 
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, quote, unquote, urlencode
 
-from dash import Input, Output, State, html, no_update
+from dash import Input, Output, State, dcc, html, no_update
 from starlette.concurrency import run_in_threadpool
 
 from ..monitor import figures
 from ..monitor.diagnosis import verify
 from ..monitor.query import NotFound
-from . import layout, views
+from . import answer, layout, views
 
 # Polling pauses while the tab is hidden: the interval still ticks, but nothing is asked of
 # the server until the user looks again.
@@ -26,15 +26,43 @@ def _text(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def route(pathname: str | None, search: str | None):
+def run_options(runs: list[dict], *wanted: str | None) -> list[dict]:
+    # Run ids start with the run's name; the name is repeated only when they do not.
+    options = [{"label": r["id"] if r["id"].startswith(r["name"]) else f"{r['name']} — {r['id']}",
+                "value": r["id"]} for r in runs]
+    known = {o["value"] for o in options}
+    # A run asked for by the URL but not (or no longer) stored stays selected; the comparison
+    # then says it is unknown instead of the picker silently emptying.
+    return options + [{"label": f"{w} (unknown)", "value": w} for w in dict.fromkeys(wanted) if w and w not in known]
+
+
+def compare_search(a: str | None, b: str | None) -> str:
+    pairs = {k: v for k, v in (("a", a), ("b", b)) if v}
+    return "?" + urlencode(pairs) if pairs else ""
+
+
+def route(pathname: str | None, search: str | None, runs: list[dict] | None = None):
     pathname, search = _text(pathname), _text(search)
     path = (pathname or "/").rstrip("/") or "/"
     if path.startswith("/runs/"):
         return layout.run_page(unquote(path[len("/runs/"):]))
     if path == "/compare":
         q = parse_qs((search or "").lstrip("?"))
-        return layout.compare_page(q.get("a", [None])[0], q.get("b", [None])[0])
+        a, b = q.get("a", [None])[0], q.get("b", [None])[0]
+        return layout.compare_page(a, b, run_options(runs or [], a, b))
     return layout.runs_page()
+
+
+def run_title(summary: dict, previous: str | None) -> list:
+    run = summary["run"]
+    if previous:
+        link = dcc.Link(f"compare with the previous run of {run['name']}", id="compare-previous",
+                        href=f"/compare?a={quote(previous)}&b={quote(run['id'])}")
+    else:
+        link = html.Span(f"no earlier run named {run['name']} to compare with", id="compare-previous-none",
+                         className="sw-muted")
+    return [html.H2([run["name"], " ", views.badge(run["status"])]),
+            html.Div([html.Code(run["id"]), " · ", link], className="sw-subtitle")]
 
 
 def run_view(query, run_id: str, loader: str | None) -> dict:
@@ -47,6 +75,7 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
     loader = loader if loader in names else (names[0] if names else None)
     status = summary["run"]["status"]
     steps = query.step_series(run_id, loader=loader, points=1000) if loader else {"points": []}
+    dists = query.distributions(run_id, loader) if loader else {"wait": {}, "compute": {}}
     series = query.rollup_series(run_id, loader=loader, points=300)
     samples = query.events(run_id, "samples", limit=5000)
     workers = query.events(run_id, "workers", limit=2000)
@@ -56,24 +85,31 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
     fraction = figures.wait_fraction_over_time(series)
     for fig in (timeline, fraction):
         fig.update_layout(uirevision=f"{run_id}:{loader}")  # keep the user's zoom across updates
+    advice = [c for c in (answer.protective_card(summary), answer.findings_card(summary)) if c is not None]
     return {
         "missing": False,
-        "title": [html.H2([summary["run"]["name"], " ", views.badge(status)]),
-                  html.Div(html.Code(run_id))],
+        "title": run_title(summary, query.previous_run_id(run_id)),
         "banner": views.stall_banner(summary, status),
+        "recommendations": answer.answer(summary),
+        "advice": advice or None,
         "kpis": views.kpis(summary),
         "loader_options": [{"label": n, "value": n} for n in names],
         "loader": loader,
         "timeline": timeline,
         "fraction": fraction,
         "system": figures.system_over_time(samples),
-        "histogram": figures.wait_histogram(steps, title=f"{loader}: wait per batch"),
-        "recommendations": views.recommendations(summary),
-        "workers": views.workers_panel(workers),
+        "histogram": figures.distribution_histogram(dists["wait"], f"{loader}: wait per batch"),
+        "compute_histogram": figures.distribution_histogram(dists["compute"], f"{loader}: compute per batch",
+                                                            color=figures.COMPUTE_COLOR),
+        "workers": views.workers_panel(workers, loader),
         "ranks": views.ranks_panel(per_rank, query.stragglers(run_id) if per_rank else None)
         or html.P("One rank."),
-        "config": views.config_panel(summary),
+        "config": answer.config_table(summary),
     }
+
+
+OUTPUTS = ("title", "banner", "recommendations", "advice", "kpis", "loader_options", "loader", "timeline",
+           "fraction", "system", "histogram", "compute_histogram", "workers", "ranks", "config")
 
 
 def register(app, get_query) -> None:
@@ -82,8 +118,9 @@ def register(app, get_query) -> None:
     app.clientside_callback(VISIBLE_TICK, Output("tick", "data"), Input("interval", "n_intervals"))
 
     @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
-    def show_page(pathname, search):
-        return route(pathname, search)
+    async def show_page(pathname, search):
+        runs = await run_in_threadpool(get_query().list_runs) if (pathname or "").rstrip("/") == "/compare" else None
+        return route(pathname, search, runs)
 
     @app.callback(Output("runs-container", "children"), Input("tick", "data"), Input("runs-search", "value"),
                   Input("runs-sort", "value"))
@@ -94,11 +131,12 @@ def register(app, get_query) -> None:
         return views.runs_table(runs, _text(search), _text(sort) or "started")
 
     @app.callback(
-        Output("run-title", "children"), Output("stall-banner-container", "children"), Output("kpis", "children"),
+        Output("run-title", "children"), Output("stall-banner-container", "children"),
+        Output("recommendations", "children"), Output("advice", "children"), Output("kpis", "children"),
         Output("loader-select", "options"), Output("loader-select", "value"),
         Output("timeline-graph", "figure"), Output("fraction-graph", "figure"), Output("system-graph", "figure"),
-        Output("histogram-graph", "figure"), Output("recommendations", "children"), Output("workers", "children"),
-        Output("ranks", "children"), Output("config", "children"),
+        Output("histogram-graph", "figure"), Output("compute-histogram-graph", "figure"),
+        Output("workers", "children"), Output("ranks", "children"), Output("config", "children"),
         Input("tick", "data"), Input("loader-select", "value"), State("run-id", "data"))
     async def refresh_run(_tick, loader, run_id):
         loader, run_id = _text(loader), _text(run_id)
@@ -106,16 +144,20 @@ def register(app, get_query) -> None:
             return (html.H2("No run selected"),) + (no_update,) * 12
         view = await run_in_threadpool(run_view, get_query(), run_id, loader)
         if view["missing"]:
-            return (html.H2(f"Unknown run {run_id}"),) + (no_update,) * 12
-        return (view["title"], view["banner"], view["kpis"], view["loader_options"], view["loader"],
-                view["timeline"], view["fraction"], view["system"], view["histogram"], view["recommendations"],
-                view["workers"], view["ranks"], view["config"])
+            return (html.H2(f"Unknown run {run_id}"),) + (no_update,) * (len(OUTPUTS) - 1)
+        return tuple(view[k] for k in OUTPUTS)
 
-    @app.callback(Output("compare-a", "options"), Output("compare-b", "options"), Input("tick", "data"))
-    async def compare_options(_tick):
+    @app.callback(Output("compare-a", "options"), Output("compare-b", "options"), Input("tick", "data"),
+                  State("compare-a", "value"), State("compare-b", "value"))
+    async def compare_options(_tick, a, b):
         runs = await run_in_threadpool(get_query().list_runs)
-        options = [{"label": f"{r['name']} — {r['id']}", "value": r["id"]} for r in runs]
+        options = run_options(runs, a, b)
         return options, options
+
+    @app.callback(Output("compare-url", "search"), Input("compare-a", "value"), Input("compare-b", "value"),
+                  prevent_initial_call=True)
+    def remember_pair(a, b):
+        return compare_search(a, b)
 
     @app.callback(Output("compare-result", "children"), Input("compare-a", "value"), Input("compare-b", "value"))
     async def compare(a, b):
@@ -127,4 +169,6 @@ def register(app, get_query) -> None:
             before, after = await run_in_threadpool(lambda: (query.summary(a), query.summary(b)))
         except NotFound as exc:
             return html.P(str(exc))
-        return views.compare_panel(before, after, verify(before, after))
+        links = html.P(["before: ", dcc.Link(a, href=f"/runs/{quote(a)}"), " · after: ",
+                        dcc.Link(b, href=f"/runs/{quote(b)}")], className="sw-subtitle")
+        return html.Div([links, views.compare_panel(before, after, verify(before, after))])

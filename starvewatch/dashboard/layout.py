@@ -32,6 +32,8 @@ def runs_page() -> html.Div:
 
 
 def run_page(run_id: str) -> html.Div:
+    """The answer first (verdict, change, line to copy, evidence), then protective advice and
+    findings, the numbers, the configuration, and the charts last."""
     def graph(graph_id):
         return html.Div(dcc.Graph(id=graph_id, config={"displaylogo": False}), className="sw-card")
 
@@ -43,25 +45,30 @@ def run_page(run_id: str) -> html.Div:
         dcc.Store(id="run-id", data=run_id),
         html.Div(id="run-title"),
         html.Div(id="stall-banner-container"),
+        html.Div(id="recommendations"),
+        html.Div(id="advice"),
         html.Div(id="kpis", className="sw-kpis"),
-        html.Div([html.Span("Loader: "), dcc.Dropdown(id="loader-select", clearable=False,
-                                                      style={"width": "240px", "display": "inline-block"})],
-                 className="sw-card"),
-        html.Div([graph("timeline-graph"), graph("fraction-graph"), graph("system-graph"),
-                  graph("histogram-graph")], className="sw-grid"),
-        html.Div([html.H3("Recommendations"), html.Div(id="recommendations")], className="sw-card"),
-        html.Div([html.H3("DataLoader workers"), html.Div(id="workers")], className="sw-card"),
-        html.Div([html.H3("Ranks"), html.Div(id="ranks")], className="sw-card", id="ranks-card"),
         html.Div([html.H3("Loader configuration"), html.Div(id="config")], className="sw-card"),
+        html.Div([html.Span("Charts for loader: "),
+                  dcc.Dropdown(id="loader-select", clearable=False, style={"width": "240px", "display": "inline-block"})],
+                 className="sw-card"),
+        html.Div([graph("timeline-graph"), graph("fraction-graph"), graph("histogram-graph"),
+                  graph("compute-histogram-graph"), graph("system-graph")], className="sw-grid"),
+        html.Div(id="workers"),
+        html.Div([html.H3("Ranks"), html.Div(id="ranks")], className="sw-card", id="ranks-card"),
         html.Div(exports, className="sw-card"),
     ])
 
 
-def compare_page(a: str | None, b: str | None) -> html.Div:
+def compare_page(a: str | None, b: str | None, options: list[dict] | None = None) -> html.Div:
+    """The pickers get their options with the page, so `/compare?a=&b=` opens preselected."""
+    options = options or []
     return html.Div([
+        # Picking runs writes them into the address bar (no reload), so the page can be shared.
+        dcc.Location(id="compare-url", refresh=False),
         html.H2("Compare runs"),
-        html.Div([dcc.Dropdown(id="compare-a", value=a, placeholder="before", style={"width": "380px"}),
-                  dcc.Dropdown(id="compare-b", value=b, placeholder="after", style={"width": "380px"})],
+        html.Div([dcc.Dropdown(id="compare-a", options=options, value=a, placeholder="before", style={"width": "480px"}),
+                  dcc.Dropdown(id="compare-b", options=options, value=b, placeholder="after", style={"width": "480px"})],
                  style={"display": "flex", "gap": "12px"}),
         html.Div(id="compare-result", className="sw-card"),
     ])

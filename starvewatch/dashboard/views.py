@@ -1,13 +1,13 @@
 """Pure view builders: data in, Dash components out (tested as plain functions)."""
 from __future__ import annotations
 
-import json
-
 from dash import dcc, html
 
 from ..ids import url_segment
+from ..monitor import figures
 from ..monitor.diagnosis import joint_changes_note
-from ..monitor.export import compare_rows, snippet
+from ..monitor.export import compare_rows
+from .quantities import human_bytes
 
 
 def pct(x) -> str:
@@ -65,27 +65,6 @@ def runs_table(runs: list[dict], search: str | None = None, sort: str = "started
                  rows, "runs-table")
 
 
-def recommendations(summary: dict) -> list:
-    recs = summary.get("recommendations") or []
-    if not recs:
-        return [html.P("No recommendation: the loop is not waiting for data.", id="no-recommendation")]
-    out = []
-    for r in recs:
-        what = f"{r['parameter']}={r['suggested']!r}  (now {r['current']!r})" if r["parameter"] else str(r["suggested"])
-        gain = f" — expected {r['expected_speedup']:.2f}x" if r.get("expected_speedup") else ""
-        out.append(html.Div([html.H4(f"{r['loader']}: {what}{gain}"), html.P(r["reason"]),
-                             html.Div("evidence: " + json.dumps(r["evidence"], default=str), className="sw-evidence")],
-                            className="sw-rec"))
-    for index, loader in enumerate(summary["loaders"]):
-        code = snippet(loader.get("config"), recs, loader["name"])
-        if code:
-            # The element id is the loader's position: a name is free text, an id is not.
-            out.append(html.Div([html.Div(f"{loader['name']} loader, with the changes:"),
-                                 html.Pre(code, className="sw-code", id=f"snippet-{index}"),
-                                 dcc.Clipboard(target_id=f"snippet-{index}", title="copy")]))
-    return out
-
-
 def stall_banner(summary: dict, status: str) -> html.Div | None:
     open_stalls = [s for s in summary.get("stalls") or [] if not s.get("ended_ns")]
     if status != "stalled" or not open_stalls:
@@ -96,26 +75,34 @@ def stall_banner(summary: dict, status: str) -> html.Div | None:
                     className="sw-banner", id="stall-banner")
 
 
-def workers_panel(events: list[dict]) -> html.Div:
+def workers_panel(events: list[dict], loader: str | None = None) -> html.Div | None:
+    """Per worker: load time over time, memory when sampled, and the latest state; None when the
+    run has no DataLoader workers (num_workers=0, or not sampled yet)."""
     if not events:
-        return html.P("No DataLoader worker data (num_workers=0, or not sampled yet).")
+        return None
     latest: dict[str, dict] = {}
     for e in events:
         latest[e["loader"]] = e
-    parts = []
-    for name, e in latest.items():
-        rows = [[w["id"], w.get("pid"), w.get("state"), num(w.get("load_ms_mean"), 2, " ms"),
-                 pct(w.get("cpu_fraction")), num(w.get("cpu_pct"), 0, "%"), w.get("batches")] for w in e["workers"]]
-        parts += [html.H4(f"{name}: {e.get('alive_workers')}/{e.get('configured_workers')} workers alive, "
-                          f"queue {e.get('queue_depth') if e.get('queue_depth') is not None else 'n/a'}"
-                          f"/{e.get('queue_capacity') or 'n/a'} ready batches"),
-                  table(["worker", "pid", "state", "load per batch", "CPU while loading", "CPU now", "batches"], rows)]
-    return html.Div(parts, id="workers-panel")
-
-
-def config_panel(summary: dict) -> html.Div:
-    rows = [[l["name"], html.Code(json.dumps(l.get("config"), default=str))] for l in summary["loaders"]]
-    return table(["loader", "configuration"], rows, "config-table")
+    shown = loader if loader in latest else next(iter(latest))
+    of_loader = [e for e in events if e["loader"] == shown]
+    parts = [html.H3(f"DataLoader workers: {shown}")]
+    graphs = [figures.worker_load_over_time(of_loader, title=f"{shown}: load time per batch, per worker")]
+    memory = figures.worker_memory_over_time(of_loader, title=f"{shown}: memory per worker")
+    if memory is not None:
+        graphs.append(memory)
+    parts.append(html.Div([dcc.Graph(figure=g, config={"displaylogo": False}, id=f"workers-graph-{i}")
+                           for i, g in enumerate(graphs)], className="sw-grid"))
+    e = latest[shown]
+    rows = [[w["id"], w.get("pid"), w.get("state"), num(w.get("load_ms_mean"), 2, " ms"),
+             pct(w.get("cpu_fraction")), num(w.get("cpu_pct"), 0, "%"),
+             human_bytes(w["rss_bytes"]) if w.get("rss_bytes") is not None else "n/a", w.get("batches")]
+            for w in e["workers"]]
+    parts += [html.H4(f"now: {e.get('alive_workers')}/{e.get('configured_workers')} workers alive, "
+                      f"queue {e.get('queue_depth') if e.get('queue_depth') is not None else 'n/a'}"
+                      f"/{e.get('queue_capacity') or 'n/a'} ready batches"),
+              table(["worker", "pid", "state", "load per batch", "CPU while loading", "CPU now", "RSS", "batches"],
+                    rows, "workers-table")]
+    return html.Div(parts, id="workers-panel", className="sw-card")
 
 
 def ranks_panel(per_rank: dict[int, dict], stragglers: dict | None = None) -> html.Div | None:

@@ -6,7 +6,8 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: str | None = None) -> str:
+def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: str | None = None,
+                  compare_url: str | None = None) -> str:
     verdict = summary["verdict"]
     run = summary["run"]
     lines = [f"starvewatch: run {run['name']} ({run['id']}) — input-bound: {verdict['input_bound']}, "
@@ -25,11 +26,17 @@ def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: st
         lines.append(f"  !! stall on {stall.get('loader')}: waited {stall.get('wait_s', 0):.1f} s for one batch")
     if dashboard_url:
         lines.append(f"  full report: {dashboard_url}")
+    if compare_url:
+        lines.append(f"  compare with the previous run of {run['name']}: {compare_url}")
     elif spool_dir:
         lines.append(f"  full report: starvewatch export {run['id']} --format md  (data in {spool_dir})")
     return "\n".join(lines)
 
 
-def print_report(summary: dict, session, file) -> None:
+def print_report(summary: dict, session, file, previous_run_id: str | None = None) -> None:
     url = session.dashboard_url
-    print(format_report(summary, url, str(session.settings.dir)), file=file, flush=True)
+    compare = None
+    if url and previous_run_id:
+        from urllib.parse import quote
+        compare = f"{url.rsplit('/runs/', 1)[0]}/compare?a={quote(previous_run_id)}&b={quote(summary['run']['id'])}"
+    print(format_report(summary, url, str(session.settings.dir), compare), file=file, flush=True)

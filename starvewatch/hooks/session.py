@@ -298,8 +298,16 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         _LAST_SUMMARY = summary
     if not (session.settings.quiet if quiet is None else quiet):
         from .report import print_report
-        print_report(summary, session, file=sys.stderr)
+        print_report(summary, session, file=sys.stderr, previous_run_id=_previous_run(session, summary))
     return summary
+
+
+def _previous_run(session, summary: dict) -> str | None:
+    """Only when this run reached a collector: the report then links the comparison with it."""
+    if session.dashboard_url is None:
+        return None
+    from .delivery.collector_link import previous_run
+    return previous_run(session.settings.url, session.settings.token, summary["run"])
 
 
 def _finish_at_exit() -> None:

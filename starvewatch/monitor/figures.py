@@ -65,13 +65,108 @@ def throughput_over_time(series: dict, title: str = "Throughput") -> go.Figure:
     return fig
 
 
-def wait_histogram(series: dict, title: str = "Wait per batch") -> go.Figure:
-    points = series.get("points") or []
-    if not points:
+def clip_point(pairs: list[tuple[float, int]], factor: float = 3.0) -> float | None:
+    """Where a histogram's axis should end: `factor` x the p95, unless the maximum is already
+    within that. None when there is nothing to draw. A few long waits (an epoch's start, a
+    stall) would otherwise squeeze every other bar into one at the left."""
+    total = sum(n for _, n in pairs)
+    if not total:
+        return None
+    ordered = sorted(pairs)
+    top = ordered[-1][0]
+    seen, p95 = 0, top
+    for value, n in ordered:
+        seen += n
+        if seen >= 0.95 * total:
+            p95 = value
+            break
+    if p95 <= 0 or top <= factor * p95:
+        return top
+    return factor * p95
+
+
+def clipped_histogram(pairs: list[tuple[float, int]], title: str, unit: str = "ms", color: str = WAIT_COLOR,
+                      what: str = "batches", bins: int = 40) -> go.Figure:
+    """A histogram of (value, count) pairs on a linear axis clipped at clip_point(); what lies
+    beyond is one separate bar at the right, labelled with its count and the maximum."""
+    pairs = [(v, n) for v, n in pairs if n]
+    clip = clip_point(pairs)
+    if clip is None:
         return _empty(title)
-    fig = go.Figure(layout=dict(title=_text(title), xaxis_title="ms (bucket mean)", yaxis_title="steps", **LAYOUT))
-    fig.add_trace(go.Histogram(x=[p["wait_ms"][1] for p in points], y=[p["count"] for p in points],
-                               histfunc="sum", marker_color=WAIT_COLOR, nbinsx=40, name="wait"))
+    top = max(v for v, _ in pairs)
+    width = (clip or 1.0) / bins
+    counts = [0] * bins
+    over = 0
+    for v, n in pairs:
+        if v > clip:
+            over += n
+        else:
+            counts[min(bins - 1, int(v / width))] += n
+    fig = go.Figure(layout=dict(title=_text(title), xaxis_title=unit, yaxis_title=what, bargap=0.05, **LAYOUT))
+    fig.add_trace(go.Bar(x=[(i + 0.5) * width for i in range(bins)], y=counts, width=width, marker_color=color,
+                         name=f"≤ {clip:.3g} {unit}", hovertemplate=f"%{{x:.3g}} {unit}: %{{y}} {what}<extra></extra>"))
+    right = clip + width
+    if over:
+        x_over = clip + 2.5 * width
+        fig.add_trace(go.Bar(x=[x_over], y=[over], width=2 * width, marker_color="#555", name=f"> {clip:.3g} {unit}",
+                             hovertemplate=f"{over} {what} above {clip:.3g} {unit} (max {top:.3g} {unit})<extra></extra>"))
+        fig.add_annotation(x=x_over, y=over, yanchor="bottom", showarrow=False,
+                           text=f"{over:,} over {clip:.3g} {unit}<br>max {top:,.4g} {unit}")
+        right = clip + 4 * width
+    fig.update_xaxes(range=[0, right])
+    fig.update_layout(meta={"clip": clip, "overflow": over, "max": top})
+    return fig
+
+
+def wait_histogram(series: dict, title: str = "Wait per batch") -> go.Figure:
+    """From a step series (bucket means): the HTML report, which has no log buckets at hand."""
+    points = series.get("points") or []
+    return clipped_histogram([(p["wait_ms"][1], p["count"]) for p in points], title, unit="ms (bucket mean)",
+                             what="steps")
+
+
+def distribution_histogram(dist: dict, title: str, color: str = WAIT_COLOR) -> go.Figure:
+    """From Query.distributions(): every step's value, exact counts."""
+    return clipped_histogram([(v, n) for v, n in dist.get("buckets") or []], title, color=color)
+
+
+def _worker_series(events: list[dict], field: str) -> dict[int, tuple[list, list]]:
+    from datetime import datetime, timezone
+    out: dict[int, tuple[list, list]] = {}
+    for e in events:
+        t = datetime.fromtimestamp(e["t_ns"] / 1e9, tz=timezone.utc)
+        for w in e.get("workers") or []:
+            if w.get(field) is None:
+                continue
+            xs, ys = out.setdefault(w["id"], ([], []))
+            xs.append(t)
+            ys.append(w[field])
+    return out
+
+
+def worker_load_over_time(events: list[dict], title: str = "Load time per batch, per worker") -> go.Figure:
+    """Each worker's mean load time per batch in each sampling interval (the slow worker stands out)."""
+    series = _worker_series(events, "load_ms_interval") or _worker_series(events, "load_ms_mean")
+    if not series:
+        return _empty(title, "no worker has loaded a batch yet")
+    fig = go.Figure(layout=dict(title=title, yaxis_title="ms per batch", **LAYOUT))
+    for worker, (xs, ys) in sorted(series.items()):
+        fig.add_trace(go.Scatter(x=xs, y=ys, name=f"worker {worker}", mode="lines+markers", marker=dict(size=4)))
+    return fig
+
+
+def worker_memory_over_time(events: list[dict], title: str = "Memory per worker") -> go.Figure | None:
+    """USS (memory only that worker holds) when known, else RSS; None when no sample has either."""
+    for field, name in (("uss_bytes", "USS"), ("pss_bytes", "PSS"), ("rss_bytes", "RSS")):
+        series = _worker_series(events, field)
+        if series:
+            break
+    else:
+        return None
+    # From zero: a few hundred KiB of noise must not look like a leak.
+    fig = go.Figure(layout=dict(title=f"{title} ({name})", yaxis=dict(title="MiB", rangemode="tozero"), **LAYOUT))
+    for worker, (xs, ys) in sorted(series.items()):
+        fig.add_trace(go.Scatter(x=xs, y=[y / 2**20 for y in ys], name=f"worker {worker}", mode="lines"))
     return fig
 
 

@@ -160,17 +160,41 @@ class Query:
         result["ranks"] = ranks
         return result
 
-    def previous_summary(self, meta: dict) -> dict | None:
-        """The latest earlier run with the same name (for verify-after-change)."""
+    def previous_run_id(self, run_id: str, name: str | None = None) -> str | None:
+        """The latest run with the same name that started before this one, or None."""
+        name = name if name is not None else self._row(run_id)["name"]
         row = self.store.reader().execute(
             "SELECT id FROM runs WHERE name = ? AND id != ? AND coalesce(started_at, first_seen) < "
             "(SELECT coalesce(started_at, first_seen) FROM runs WHERE id = ?) "
             "ORDER BY coalesce(started_at, first_seen) DESC LIMIT 1",
-            (meta["name"], meta["id"], meta["id"])).fetchone()
-        if row is None:
+            (name, run_id, run_id)).fetchone()
+        return row[0] if row else None
+
+    def previous_summary(self, meta: dict) -> dict | None:
+        """The latest earlier run with the same name (for verify-after-change)."""
+        previous = self.previous_run_id(meta["id"], meta["name"])
+        if previous is None:
             return None
-        prev_meta = self.run_meta(row[0])
-        return summarize(prev_meta, self.store.loader_data(row[0]), system=self.system_overview(row[0]))
+        prev_meta = self.run_meta(previous)
+        return summarize(prev_meta, self.store.loader_data(previous), system=self.system_overview(previous))
+
+    @cached(per_run=True)
+    def distributions(self, run_id: str, loader: str) -> dict:
+        """Wait and compute per batch over every step of one loader (all ranks), from the same
+        log-bucketed histograms as the percentiles: {"wait": {"buckets": [[ms, count], ...],
+        "count", "max_ms"}, "compute": {...}}. Exact counts, values within 1.6%."""
+        from ..stats import bucket_value
+        self._row(run_id)
+        data = next((d for d in self.store.loader_data(run_id) if d.name == loader), None)
+        out = {}
+        for part in ("wait", "compute"):
+            hist = getattr(data.records, part) if data is not None and data.records else None
+            if hist is None or not hist.count:
+                out[part] = {"buckets": [], "count": 0, "max_ms": None}
+                continue
+            buckets = [[min(bucket_value(i), hist.maximum) / 1e6, n] for i, n in sorted(hist.counts.items())]
+            out[part] = {"buckets": buckets, "count": hist.count, "max_ms": hist.maximum / 1e6}
+        return out
 
     def system_overview(self, run_id: str, rank: int | None = None) -> dict | None:
         """Averages of the host, GPU and worker samples over the run, or over one rank's own

@@ -105,3 +105,21 @@ def _autostart(directory: Path, host: str, port: int, transport: HttpTransport) 
             return found
         start_collector(directory, host, port)
         return "starvewatch" if _wait_until_up(transport, START_TIMEOUT_S) else "none"
+
+
+def previous_run(url: str, token: str | None, run: dict, timeout_s: float = 2.0) -> str | None:
+    """The latest run of the same name that the collector holds and that started before `run`
+    (a summary's `run`), for the end-of-run report's compare link; None when there is none or
+    the collector does not answer in time. Called once, at finish(), after delivery."""
+    transport = HttpTransport(url, token, timeout_s=timeout_s)
+    try:
+        status, body = transport.request("GET", "/api/v1/runs?" + urllib.parse.urlencode({"search": run["name"]}))
+        runs = json.loads(body)["runs"] if status == 200 else []
+    except (TransportError, ValueError, KeyError, TypeError):
+        return None
+    finally:
+        transport.close()
+    started = run.get("started_at") or "~"  # ISO strings of the same format compare in time order
+    earlier = [r for r in runs if isinstance(r, dict) and r.get("name") == run["name"] and r.get("id") != run["id"]
+               and (r.get("started_at") or "") < started]
+    return max(earlier, key=lambda r: r.get("started_at") or "")["id"] if earlier else None

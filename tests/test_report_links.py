@@ -1,0 +1,39 @@
+"""The end-of-run report links the compare page when the collector holds an earlier run of the
+same name (real collector, real runs)."""
+import time
+
+import starvewatch
+from starvewatch.hooks.delivery.collector_link import previous_run
+from starvewatch.hooks.session import current_session
+from tests.conftest import free_port, wait_until
+
+
+def _run(name: str) -> dict:
+    starvewatch.init(name)
+    for _ in starvewatch.watch(range(50)):
+        pass
+    session = current_session()
+    wait_until(lambda: session.dashboard_url, timeout_s=30, what="the run to find the collector")
+    return starvewatch.finish()
+
+
+def test_report_links_the_comparison_with_the_previous_run_of_the_same_name(collector, monkeypatch, capsys):
+    c = collector()
+    monkeypatch.setenv("STARVEWATCH_URL", c.url)
+    monkeypatch.setenv("STARVEWATCH_QUIET", "0")
+    first = _run("linked")["run"]["id"]
+    assert "compare with the previous run" not in capsys.readouterr().err
+    _run("linked-extra")  # found by the search for "linked", but another name
+    assert "compare with the previous run" not in capsys.readouterr().err
+    second = _run("linked")["run"]["id"]
+    report = capsys.readouterr().err
+    assert f"compare with the previous run of linked: {c.url}/compare?a={first}&b={second}" in report
+    status, _ = c.request("GET", f"/compare?a={first}&b={second}")
+    assert status == 200
+
+
+def test_no_link_when_the_collector_does_not_answer():
+    started = time.monotonic()
+    run = {"id": "x-1", "name": "x", "started_at": "2026-01-01T00:00:00Z"}
+    assert previous_run(f"http://127.0.0.1:{free_port()}", None, run, timeout_s=1.0) is None
+    assert time.monotonic() - started < 5
