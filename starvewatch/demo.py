@@ -66,13 +66,11 @@ def run_demo(quick: bool = False, name: str = "demo", out=None) -> tuple[dict, d
     _train(loader, epochs, compute_ms)
     before = starvewatch.finish()
 
-    kwargs = {"batch_size": batch, "num_workers": 0}
-    for rec in before.get("recommendations", []):
-        if rec.get("loader") == "train" and rec.get("parameter") in (
-                "num_workers", "pin_memory", "persistent_workers", "prefetch_factor"):
-            kwargs[rec["parameter"]] = rec["suggested"]
-    if kwargs == {"batch_size": batch, "num_workers": 0}:
+    # The configuration to apply is the engine's own (the same as the report's snippet).
+    plan = next((p for p in before.get("plans") or [] if p["loader"] == "train"), None)
+    if plan is None:
         return before, None
+    kwargs = dict(plan["config"])
     shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
     print(f"[2/2] recommended configuration: DataLoader({shown})", file=out, flush=True)
     starvewatch.init(name)
