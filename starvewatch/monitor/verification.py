@@ -31,8 +31,11 @@ def per_sample_ms(loader: dict) -> tuple[float, float, str] | None:
 def speedup_interval(old: dict, new: dict) -> dict | None:
     """Measured speed-up (old per-sample time / new) with a 95% interval."""
     a, b = per_sample_ms(old), per_sample_ms(new)
-    if a is None or b is None:
-        return None
+    if a is None or b is None:  # a summary without step times: its rates, with the noise floor only
+        key = "samples_per_s" if old.get("samples_per_s") and new.get("samples_per_s") else "batches_per_s"
+        if not old.get(key) or not new.get(key):
+            return None
+        a, b = (1 / old[key], 0.0, key.replace("_per_s", "/s")), (1 / new[key], 0.0, key.replace("_per_s", "/s"))
     ratio = a[0] / b[0]
     basis = "samples/s" if a[2] == b[2] == "samples/s" else "batches/s"
     rel = math.sqrt((a[1] / a[0]) ** 2 + (b[1] / b[0]) ** 2 + 2 * RUN_TO_RUN_NOISE ** 2)
