@@ -32,6 +32,19 @@ def _train(loader, epochs: int, compute_ms: float) -> None:
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(768, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # The step stands in for GPU work: one intra-op thread (a tiny model gains nothing from more,
+    # and spinning OpenMP threads on a busy host would take the cores the workers need).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _epochs(loader, model, opt, epochs, compute_ms)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _epochs(loader, model, opt, epochs: int, compute_ms: float) -> None:
+    import torch
+
     for _ in range(epochs):
         for x, y in loader:
             t_end = time.perf_counter() + compute_ms / 1000
