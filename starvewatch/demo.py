@@ -69,7 +69,9 @@ def run_demo(quick: bool = False, name: str = "demo", out=None) -> tuple[dict, d
     from torch.utils.data import DataLoader
 
     out = out or sys.stdout
-    items, epochs, batch = (256, 2, 16) if quick else (1024, 3, 16)
+    # One long epoch: workers start once, as in a real training's epoch of thousands of steps
+    # (short epochs would make the demo about worker start-up, not about loading).
+    items, epochs, batch = (512, 1, 16) if quick else (3072, 1, 16)
     load_ms, compute_ms = 1.5, 12.0
     dataset = _dataset(items, load_ms)
 

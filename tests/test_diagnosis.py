@@ -18,10 +18,12 @@ GIB = 2**30
 
 def loader(name="train", steps=200, wait_ms=20.0, compute_ms=10.0, workers=0, epochs=2, first_wait_ms=None,
            persistent=False, prefetch=None, waits=None, batch_size=32, batch_sampler="BatchSampler",
-           ranks=(0,), compute_jitter_ms=0.0):
+           ranks=(0,), compute_jitter_ms=0.0, wait_cpu_fraction=None):
     samples_per_step = batch_size or 32
     totals = LoaderTotals(steps=steps, epochs=epochs, wait_ns=int(steps * wait_ms * MS),
                           compute_ns=int(steps * compute_ms * MS), samples=steps * samples_per_step)
+    if wait_cpu_fraction is not None:  # the sampled waits and the training thread's CPU in them
+        totals.wait_probe_ns, totals.wait_probe_cpu_ns = 100 * MS, int(100 * MS * wait_cpu_fraction)
     rec = RecordStats()
     per_epoch = steps // epochs
     step_idx = [i % per_epoch for i in range(steps)]
@@ -62,6 +64,13 @@ def case_not_a_dataloader():
 
 def case_more_workers():
     return run(loader(wait_ms=20, compute_ms=10, workers=0), system_info=system())
+
+
+def case_main_process_share():
+    # 4 workers load a batch in 8 ms (they keep up with 10 ms of compute), yet the loop waits
+    # 20 ms, 90% of it on its own CPU: receiving and rebuilding batches
+    return run(loader(wait_ms=20, compute_ms=10, workers=4, persistent=True, wait_cpu_fraction=0.9),
+               system_info=system(cpu_fraction=0.1, load_ms=8))
 
 
 def case_lighter_transforms():
@@ -110,6 +119,7 @@ def case_larger_batches():
 
 CASES = {"not_a_dataloader": (case_not_a_dataloader, ("train", None, "DataLoader(num_workers=3)", "speedup")),
          "more_workers": (case_more_workers, ("train", "num_workers", 3, "speedup")),
+         "main_process_share": (case_main_process_share, ("train", None, "lighter_batches", "speedup")),
          "lighter_transforms": (case_lighter_transforms, ("train", None, "gpu_transforms", "speedup")),
          "persistent_workers": (case_persistent_workers, ("train", "persistent_workers", True, "speedup")),
          "deeper_prefetch": (case_deeper_prefetch, ("train", "prefetch_factor", 6, "speedup")),  # 2 x p99 / compute
@@ -181,6 +191,20 @@ def test_cpu_bound_at_the_core_count_gets_lighter_transforms_and_never_more_work
     assert [r["parameter"] for r in s["recommendations"]] == [None]
     # the CPU part of loading (90%) leaves the host: 30 ms -> 3 ms a batch, 15 ms -> 5.5 ms a step
     assert s["recommendations"][0]["expected_speedup"] == pytest.approx(15 / (5 + 0.5 + 60 * 1 / 200), rel=0.05)
+
+
+def test_the_main_process_share_is_named_and_more_workers_are_not_advised():
+    s = case_main_process_share()
+    assert s["verdict"]["limiting_factor"] == "input_bound_main"
+    assert [r["parameter"] for r in s["recommendations"]] == [None]
+    top = s["recommendations"][0]
+    assert top["evidence"]["main_share_ms"] == pytest.approx(18, rel=0.02)
+    # the hand-over falls from 18 ms to 0.5 ms: 30 ms -> max(10, 8 / 4) + 0.5 + 60 / 200 ms
+    assert top["expected_speedup"] == pytest.approx(30 / (10.5 + 60 / 200), rel=0.02)
+    latency = run(loader(wait_ms=20, compute_ms=10, workers=1, persistent=True, wait_cpu_fraction=0.02),
+                  system_info=system(cpu_fraction=0.05, load_ms=30))
+    assert latency["verdict"]["limiting_factor"] == "input_bound_io"  # blocked on the queue: workers
+    assert latency["recommendations"][0]["parameter"] == "num_workers"
 
 
 def test_epoch_startup_is_named_and_measured():

@@ -17,7 +17,8 @@ from .verification import joint_changes_note, verify
 __all__ = ["DEFAULT", "Thresholds", "diagnose", "applied_config", "verify", "joint_changes_note",
            "thresholds_dict", "LIMITING_FACTORS", "DATALOADER_ARGS"]
 
-LIMITING_FACTORS = ("input_bound_cpu", "input_bound_io", "epoch_startup", "host_bound", "compute_bound")
+LIMITING_FACTORS = ("input_bound_cpu", "input_bound_io", "input_bound_main", "epoch_startup", "host_bound",
+                    "compute_bound")
 DATALOADER_ARGS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 VALIDATION_NAMES = ("val", "valid", "validation", "eval", "test", "dev")
 
@@ -28,6 +29,8 @@ def _limiting_factor(f: LoaderFacts, t: Thresholds) -> str:
     if f.workers and not f.config.get("persistent_workers") and total_wait > 0 \
             and startup / total_wait >= t.startup_share and f.respawn >= t.startup_min_ms:
         return "epoch_startup"
+    if f.main_bound:  # the training process's own share of each batch, not worker loading
+        return "input_bound_main"
     return "input_bound_cpu" if f.cpu_busy else "input_bound_io"
 
 

@@ -38,6 +38,7 @@ class Thresholds:
     min_gain: float = 1.02                # predictions under 2% are not worth a recommendation
     worker_transfer_ms: float = 0.5       # handing a batch from a worker to the loop, when unmeasured
     worker_startup_ms: float = 60.0       # spawning the workers of one epoch, when unmeasured
+    main_share_fraction: float = 0.5      # of a wait spent on the training thread's CPU: main-process bound
 
 
 DEFAULT = Thresholds()
@@ -112,6 +113,15 @@ class LoaderFacts:
             self.transfer = self.median_wait
         else:
             self.transfer = t.worker_transfer_ms
+        # The main process's share of a wait, apart from waiting for a worker to finish loading:
+        # with workers, the training thread's CPU time while it waits (sampled, a few waits a
+        # second) is receiving and rebuilding the batch from shared memory; blocked on the queue
+        # it uses none. It does not shrink with more workers.
+        self.main_share = self.steady_wait * self.probe_cpu_fraction \
+            if self.workers and self.probe_cpu_fraction is not None else 0.0
+        self.main_bound = bool(self.workers) and self.main_share >= t.main_share_fraction * self.steady_wait \
+            and self.main_share >= t.worker_transfer_ms
+        self.transfer = max(self.transfer, self.main_share)
         self.respawn = max(0.0, (self.first_wait or 0) - self.steady_wait) if self.workers else 0.0
         self.startup = self.respawn if self.respawn > 0 else t.worker_startup_ms
         # Waits in bursts the queue did not absorb (the mean over the median, when bursty).
@@ -156,7 +166,7 @@ class LoaderFacts:
 def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     """Predicted loop time per sample-equivalent batch (ms) under `config` (DataLoader
     arguments) and `what_if` (`load_scale`: loading cost kept; `batch_scale`: samples per
-    step). Divided by batch_scale, so ratios are per-sample speed-ups."""
+    step; `handover_ms`: the main process's share of each batch). Divided by batch_scale, so ratios are per-sample speed-ups."""
     what_if = what_if or {}
     scale = what_if.get("batch_scale", 1.0)
     before, after = f.config.get("batch_size"), config.get("batch_size")
@@ -178,7 +188,7 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
         current = f.config.get("prefetch_factor") or 2
         unabsorbed = 1.0 if prefetch <= current else max(
             0.0, 1 - (prefetch - current) / max(1, f.prefetch_needed - current))
-        step += f.transfer + f.startup * starts / max(1, f.steps) + f.burst_excess * unabsorbed
+        step += what_if.get("handover_ms", f.transfer) + f.startup * starts / max(1, f.steps) + f.burst_excess * unabsorbed
     return step / scale
 
 

@@ -37,8 +37,9 @@ def not_a_dataloader(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
 
 def more_workers(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     """Workers do not keep up: size them as ceil(load / compute x headroom); CPU-bound loading
-    is capped by the cores of this rank's share of the host."""
-    if f.workers is None or f.workers_keep_up:
+    is capped by the cores of this rank's share of the host. Not when the wait is the main
+    process's own share (see main_process_share)."""
+    if f.workers is None or f.workers_keep_up or f.main_bound:
         return []
     needed = f.workers_needed(t)
     capped = min(needed, f.cores) if f.cpu_busy else needed
@@ -52,6 +53,21 @@ def more_workers(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
         reason = "num_workers=0 loads every batch on the training thread: " + reason
     return [proposal(f, "num_workers", capped, reason,
                      f.evidence(workers_needed=needed, cpu_bound_loading=f.cpu_busy))]
+
+
+def main_process_share(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """With workers, the wait is the training process's own work (receiving and rebuilding
+    batches from shared memory), not workers loading: more workers cannot help; lighter
+    batches (fewer, larger tensors) do."""
+    if not f.main_bound:
+        return []
+    return [proposal(f, None, "lighter_batches",
+                     f"the training process spends {f.main_share:.1f} ms of CPU per batch receiving and "
+                     f"rebuilding it from the workers ({f.probe_cpu_fraction:.0%} of its wait); more workers "
+                     f"would not help: return fewer, larger tensors (stack a sample's fields, no lists of "
+                     f"small tensors), a lighter collate_fn, smaller dtypes",
+                     f.evidence(main_share_ms=round(f.main_share, 3), worker_load_ms=round(f.load, 3)),
+                     what_if={"handover_ms": t.worker_transfer_ms})]
 
 
 def lighter_transforms(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
@@ -192,6 +208,7 @@ class Rule:
 RULES = (
     Rule("not_a_dataloader", "starved", not_a_dataloader),
     Rule("more_workers", "starved", more_workers),
+    Rule("main_process_share", "starved", main_process_share),
     Rule("lighter_transforms", "starved", lighter_transforms),
     Rule("persistent_workers", "starved", persistent_workers),
     Rule("deeper_prefetch", "starved", deeper_prefetch),
