@@ -55,6 +55,30 @@ class Chunks(BatchSampler):
         super().__init__(SequentialSampler(dataset), 8, False)
 
 
+def _rebuilt(tensor, cpu_s):
+    spin(cpu_s)
+    return tensor
+
+
+class RebuildOnArrival:
+    """A collate_fn whose batches cost the receiving process CPU to rebuild (as decompressing
+    or re-assembling many small objects does): the main process's share of every batch."""
+
+    def __init__(self, cpu_s: float) -> None:
+        self.cpu_s = cpu_s
+
+    def __call__(self, items):
+        return _Packed(torch.stack(items), self.cpu_s)
+
+
+class _Packed:
+    def __init__(self, tensor, cpu_s):
+        self.tensor, self.cpu_s = tensor, cpu_s
+
+    def __reduce__(self):
+        return _rebuilt, (self.tensor, self.cpu_s)
+
+
 def slow_worker_start(worker_id):
     time.sleep(0.25)  # opening a dataset file, connecting to storage...
 
@@ -70,6 +94,7 @@ class LoaderSpec:
     kwargs: dict                                  # the DataLoader arguments of the scenario
     compute_s: float | Callable[[int], float]     # per step, or per step of n samples
     fixed: Callable[[], Dataset] | None = None    # the dataset once non-DataLoader advice is taken
+    fixed_kwargs: dict | None = None              # ... and its DataLoader arguments, if they change
     batch_sampler: Callable[[Dataset], object] | None = None
     plain: bool = False                           # batches from a generator, not a DataLoader
 
@@ -118,6 +143,13 @@ SCENARIOS = [
                                   fixed=lambda: Items(384))},
              1, "high", "input_bound_cpu", ("train", None, "gpu_transforms"),
              expect_protective=("train", "num_workers", 2, 2)),
+    Scenario("main_process_rebuild", "main_process_share",
+             "2 workers keep up, but each batch costs the training process 16 ms of CPU to rebuild",
+             {"train": LoaderSpec(lambda: Items(512, sleep_s=0.001),
+                                  {"batch_size": 8, "num_workers": 2, "persistent_workers": True,
+                                   "collate_fn": RebuildOnArrival(0.016)}, 0.01,
+                                  fixed=lambda: Items(512, sleep_s=0.001), fixed_kwargs={"collate_fn": None})},
+             1, "high", "input_bound_main", ("train", None, "lighter_batches")),
     Scenario("persistent_off_slow_startup", "persistent_workers",
              "persistent_workers=False, short epochs, slow worker start-up",
              {"train": LoaderSpec(lambda: Items(64, sleep_s=0.0005),

@@ -174,6 +174,7 @@ def _variant(scenario, base: dict, rec: dict | None, plan: dict | None):
                                   "num_workers": rec["evidence"]["workers_needed"]}
     elif spec.fixed is not None:
         datasets[rec["loader"]] = spec.fixed()
+        configs[rec["loader"]].update(spec.fixed_kwargs or {})
     else:
         raise ValueError(f"{scenario.name}: no fixed variant for {rec['suggested']!r}")
     return configs, datasets

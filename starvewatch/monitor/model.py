@@ -119,6 +119,10 @@ class LoaderFacts:
         # it uses none. It does not shrink with more workers.
         self.main_share = self.steady_wait * self.probe_cpu_fraction \
             if self.workers and self.probe_cpu_fraction is not None else 0.0
+        if self.workers_keep_up and self.median_wait is not None and self.median_wait > t.worker_transfer_ms:
+            # The workers keep up, so the typical batch was ready: its wait is the main
+            # process's (CPU, or runnable but descheduled on a busy host).
+            self.main_share = max(self.main_share, self.median_wait)
         self.main_bound = bool(self.workers) and self.main_share >= t.main_share_fraction * self.steady_wait \
             and self.main_share >= t.worker_transfer_ms
         self.transfer = max(self.transfer, self.main_share)

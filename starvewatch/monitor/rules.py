@@ -62,8 +62,8 @@ def main_process_share(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     if not f.main_bound:
         return []
     return [proposal(f, None, "lighter_batches",
-                     f"the training process spends {f.main_share:.1f} ms of CPU per batch receiving and "
-                     f"rebuilding it from the workers ({f.probe_cpu_fraction:.0%} of its wait); more workers "
+                     f"the training process spends {f.main_share:.1f} ms per batch receiving and rebuilding it "
+                     f"from the workers ({f.main_share / max(f.steady_wait, 1e-9):.0%} of its wait); more workers "
                      f"would not help: return fewer, larger tensors (stack a sample's fields, no lists of "
                      f"small tensors), a lighter collate_fn, smaller dtypes",
                      f.evidence(main_share_ms=round(f.main_share, 3), worker_load_ms=round(f.load, 3)),
