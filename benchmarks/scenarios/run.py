@@ -181,7 +181,11 @@ def _variant(scenario, base: dict, rec: dict | None, plan: dict | None):
 
 
 def _measure(scenario, base, base_s, label, expected, loader, rec=None, plan=None) -> dict:
-    configs, datasets = _variant(scenario, base, rec, plan)
+    try:
+        configs, datasets = _variant(scenario, base, rec, plan)
+    except ValueError as exc:  # advice the scenario cannot apply: unmeasured, and so a failure
+        return {"change": label, "loader": loader, "predicted": expected, "measured": None,
+                "error": str(exc), "ok": False}
     after = _best(scenario, configs, datasets)
     measured = base_s[loader] / after[loader]
     target = expected if expected else 1.0  # protective: the throughput is kept
@@ -253,7 +257,7 @@ def markdown(report: dict) -> str:
         first = True
         for m in r["measurements"] or [None]:
             pred = f"{m['predicted']:.2f}x" if m and m["predicted"] else ("1.00x (kept)" if m else "—")
-            meas = f"{m['measured']:.2f}x" if m else "—"
+            meas = f"{m['measured']:.2f}x" if m and m["measured"] is not None else ("not applicable" if m else "—")
             name = r["name"] + (" (simulated: " + r["simulated"] + ")" if r["simulated"] else "")
             lead = (f"| {name} | {r['rule']} | {r['got']['verdict']}, {r['got']['limiting_factor']} | "
                     f"{_fmt_rec(r['got']['top'])} |") if first else "| | | | |"
