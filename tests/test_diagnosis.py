@@ -186,6 +186,17 @@ def test_cpu_bound_workers_are_capped_by_cores_but_latency_bound_ones_are_not():
     assert lat_rec["expected_speedup"] > cpu_rec["expected_speedup"]
 
 
+def test_a_saturated_host_rations_cpu_time_so_a_lower_fraction_is_cpu_bound():
+    quiet = run(loader(wait_ms=30, compute_ms=5, workers=1), system_info=system(cpu_fraction=0.25, load_ms=35))
+    busy = run(loader(wait_ms=30, compute_ms=5, workers=1),
+               system_info=system(cpu_fraction=0.25, load_ms=35, cpu_pct_mean=99.0))
+    sleeping = run(loader(wait_ms=30, compute_ms=5, workers=1),
+                   system_info=system(cpu_fraction=0.04, load_ms=35, cpu_pct_mean=99.0))
+    assert quiet["verdict"]["limiting_factor"] == "input_bound_io"
+    assert busy["verdict"]["limiting_factor"] == "input_bound_cpu"
+    assert sleeping["verdict"]["limiting_factor"] == "input_bound_io"
+
+
 def test_cpu_bound_at_the_core_count_gets_lighter_transforms_and_never_more_workers():
     s = case_lighter_transforms()
     assert [r["parameter"] for r in s["recommendations"]] == [None]

@@ -24,6 +24,7 @@ class Thresholds:
 
     worker_headroom: float = 1.2          # workers = ceil(load / compute x this)
     cpu_busy_fraction: float = 0.5        # worker (or loading) CPU time / wall time: CPU-bound above
+    cpu_busy_fraction_saturated: float = 0.15  # the same on a saturated host (CPU time is rationed)
     iowait_high_pct: float = 20.0         # kernel iowait that marks storage-bound reads
     cpu_saturated_pct: float = 90.0       # machine CPU busy: more workers cannot help
     startup_share: float = 0.5            # epoch start-up share of all waiting: epoch_startup
@@ -144,10 +145,14 @@ class LoaderFacts:
         iowait = self.system.get("iowait_pct_mean")
         if iowait is not None and iowait >= t.iowait_high_pct:
             return False
+        # On a saturated host a CPU-bound fetch is runnable but descheduled much of the time, so
+        # its CPU time over wall time falls; a fetch that sleeps on reads stays near zero.
+        saturated = (self.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
+        threshold = t.cpu_busy_fraction_saturated if saturated else t.cpu_busy_fraction
         if self.workers and self.worker_cpu_fraction is not None:
-            return self.worker_cpu_fraction >= t.cpu_busy_fraction
+            return self.worker_cpu_fraction >= threshold
         if self.workers == 0 and self.probe_cpu_fraction is not None:
-            return self.probe_cpu_fraction >= t.cpu_busy_fraction
+            return self.probe_cpu_fraction >= threshold
         return None
 
     def workers_needed(self, t: Thresholds) -> int:
