@@ -39,7 +39,6 @@ class Thresholds:
     min_gain: float = 1.02                # predictions under 2% are not worth a recommendation
     worker_transfer_ms: float = 0.5       # handing a batch from a worker to the loop, when unmeasured
     worker_startup_ms: float = 60.0       # spawning the workers of one epoch, when unmeasured
-    main_share_fraction: float = 0.5      # of a wait spent on the training thread's CPU: main-process bound
 
 
 DEFAULT = Thresholds()
@@ -120,12 +119,8 @@ class LoaderFacts:
         # it uses none. It does not shrink with more workers.
         self.main_share = self.steady_wait * self.probe_cpu_fraction \
             if self.workers and self.probe_cpu_fraction is not None else 0.0
-        if self.workers_keep_up and self.median_wait is not None and self.median_wait > t.worker_transfer_ms:
-            # The workers keep up, so the typical batch was ready: its wait is the main
-            # process's (CPU, or runnable but descheduled on a busy host).
-            self.main_share = max(self.main_share, self.median_wait)
-        self.main_bound = bool(self.workers) and self.main_share >= t.main_share_fraction * self.steady_wait \
-            and self.main_share >= t.worker_transfer_ms
+        self.main_bound = bool(self.workers) and self.probe_cpu_fraction is not None \
+            and self.probe_cpu_fraction >= self._busy_threshold(t) and self.main_share >= t.worker_transfer_ms
         self.transfer = max(self.transfer, self.main_share)
         self.respawn = max(0.0, (self.first_wait or 0) - self.steady_wait) if self.workers else 0.0
         self.startup = self.respawn if self.respawn > 0 else t.worker_startup_ms
@@ -140,6 +135,10 @@ class LoaderFacts:
         gpu = self.system.get("gpu_util_mean")
         self.gpu_busy_fraction = gpu / 100 if gpu is not None else None
 
+    def _busy_threshold(self, t: Thresholds) -> float:
+        saturated = (self.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
+        return t.cpu_busy_fraction_saturated if saturated else t.cpu_busy_fraction
+
     def _cpu_busy(self, t: Thresholds) -> bool | None:
         """Is loading CPU work (decoding, transforms) rather than waiting (reads, sleeps)?"""
         iowait = self.system.get("iowait_pct_mean")
@@ -147,8 +146,7 @@ class LoaderFacts:
             return False
         # On a saturated host a CPU-bound fetch is runnable but descheduled much of the time, so
         # its CPU time over wall time falls; a fetch that sleeps on reads stays near zero.
-        saturated = (self.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
-        threshold = t.cpu_busy_fraction_saturated if saturated else t.cpu_busy_fraction
+        threshold = self._busy_threshold(t)
         if self.workers and self.worker_cpu_fraction is not None:
             return self.worker_cpu_fraction >= threshold
         if self.workers == 0 and self.probe_cpu_fraction is not None:

@@ -75,7 +75,10 @@ def lighter_transforms(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     only less CPU work per batch does. Predicted as if the CPU part of loading left the host."""
     if not f.workers or not f.cpu_busy or f.workers_keep_up or f.workers < f.cores:
         return []
-    cpu_share = f.worker_cpu_fraction if f.worker_cpu_fraction is not None else 1.0
+    # The share of a fetch the transforms account for: its CPU time over its wall time; on a
+    # saturated host the rest is waiting for a core, caused by the CPU work as well.
+    saturated = (f.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
+    cpu_share = 1.0 if saturated or f.worker_cpu_fraction is None else f.worker_cpu_fraction
     return [proposal(f, None, "gpu_transforms",
                      f"the transforms are the limit ({f.workers} CPU-bound workers on {f.cores} cores, "
                      f"{f.load:.1f} ms a batch): make them lighter, precompute them, or run them on the GPU "
