@@ -7,7 +7,7 @@ Per scenario (benchmarks/scenarios/cases.py), against expectations written down 
   value range (and the protective advice the scenario must get, if any);
 - every recommended configuration constructs a DataLoader;
 - each speed-up recommendation applied alone, and each loader's full set (the engine's plan),
-  is measured (best of 3 runs each, against the best of 3 of the scenario as is) and must be
+  is measured (best of 3 runs each, alternating with 3 runs of the scenario as is) and must be
   within 25% of its prediction; a set of protective changes must keep the throughput (1.0x
   within 25%). Advice that is not a DataLoader argument is measured on the scenario's "fixed"
   dataset. Only a healthy run may have nothing to measure.
@@ -85,14 +85,6 @@ def _train(scenario, configs: dict, datasets: dict, watch: bool) -> dict[str, fl
             spent[name] += time.perf_counter() - t0
     del loaders
     return spent
-
-
-def _best(scenario, configs, datasets, first: dict | None = None) -> dict[str, float]:
-    """Best of REPEATS runs per loader (an earlier run may count as the first)."""
-    runs = [first] if first else []
-    while len(runs) < REPEATS:
-        runs.append(_train(scenario, configs, datasets, watch=False))
-    return {name: min(r[name] for r in runs) for name in scenario.loaders}
 
 
 def _with_env(env: dict):
@@ -186,12 +178,17 @@ def _measure(scenario, base, base_s, label, expected, loader, rec=None, plan=Non
     except ValueError as exc:  # advice the scenario cannot apply: unmeasured, and so a failure
         return {"change": label, "loader": loader, "predicted": expected, "measured": None,
                 "error": str(exc), "ok": False}
-    after = _best(scenario, configs, datasets)
-    measured = base_s[loader] / after[loader]
+    # Alternate the scenario as is and the variant, so a busy spell of the host hits both.
+    befores, afters = [], []
+    for _ in range(REPEATS):
+        befores.append(_train(scenario, base, {}, watch=False)[loader])
+        afters.append(_train(scenario, configs, datasets, watch=False)[loader])
+    before, after = min(befores + [base_s[loader]]), min(afters)
+    measured = before / after
     target = expected if expected else 1.0  # protective: the throughput is kept
     ok = abs(measured - target) <= TOLERANCE * target
     return {"change": label, "loader": loader, "predicted": expected, "measured": round(measured, 3),
-            "seconds_before": round(base_s[loader], 3), "seconds_after": round(after[loader], 3), "ok": ok}
+            "seconds_before": round(before, 3), "seconds_after": round(after, 3), "ok": ok}
 
 
 def run_scenario(scenario) -> dict:
@@ -214,7 +211,7 @@ def run_scenario(scenario) -> dict:
     protective = _protective_ok(scenario, recs)
     if protective is not None:
         checks["protective"] = protective
-    base_s = _best(scenario, base, {}, first)
+    base_s = first  # the diagnosed run; each measurement below alternates more runs of both
     measurements = []
     speedups = [r for r in recs if r["kind"] == "speedup"]
     for r in speedups:
