@@ -40,7 +40,7 @@ def cmd_demo(args) -> int:
 def _source(args):
     import os
 
-    from .hooks.settings import DEFAULT_URL, OFF_VALUES
+    from .defaults import DEFAULT_URL, OFF_VALUES
     from .monitor.sources import open_source
     url = getattr(args, "url", None) or os.environ.get("STARVEWATCH_URL") or DEFAULT_URL
     if url.strip().lower() in OFF_VALUES:
@@ -143,14 +143,23 @@ def fail(message: str, code: int = EXIT_ERROR) -> int:
 def _dir(args):
     from pathlib import Path
 
-    from .hooks.settings import default_dir
+    from .defaults import default_dir
     return Path(args.dir) if getattr(args, "dir", None) else default_dir()
 
 
 def cmd_serve(args) -> int:
     from .monitor.settings import CollectorSettings
     settings = CollectorSettings(host=args.host, port=args.port, dir=_dir(args), db=args.db,
-                                 idle_exit_s=args.idle_exit)
+                                 idle_exit_s=args.idle_exit, otlp_endpoint=args.otlp_endpoint,
+                                 otlp_interval_s=args.otlp_interval, tensorboard_dir=args.tensorboard,
+                                 tensorboard_interval_s=args.tensorboard_interval)
+    try:  # an optional exporter asked for but not installed: say so before starting
+        if args.otlp_endpoint:
+            import starvewatch.monitor.otel  # noqa: F401
+        if args.tensorboard:
+            import starvewatch.monitor.tensorboard  # noqa: F401
+    except ImportError as exc:
+        return fail(str(exc))
     if args.token:
         settings.token = args.token
     try:
@@ -206,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="starvewatch", description="Live GPU-starvation monitor for PyTorch training.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from . import __version__
+    from .version import __version__
     parser.add_argument("--version", action="version", version=f"starvewatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -224,6 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--token", help="require this token on every route (or STARVEWATCH_TOKEN)")
     serve.add_argument("--idle-exit", type=float, default=0.0, metavar="SECONDS",
                        help="exit after this long with no live run (default: never)")
+    serve.add_argument("--otlp-endpoint", metavar="URL", help="also send the metrics to this OTLP/HTTP endpoint "
+                       "(e.g. http://otel-collector:4318/v1/metrics; needs starvewatch[otel])")
+    serve.add_argument("--otlp-interval", type=float, default=15.0, metavar="SECONDS",
+                       help="OTLP export period (default 15)")
+    serve.add_argument("--tensorboard", metavar="DIR", help="write per-run scalars for TensorBoard under DIR "
+                       "(needs starvewatch[tensorboard])")
+    serve.add_argument("--tensorboard-interval", type=float, default=5.0, metavar="SECONDS",
+                       help="TensorBoard write period (default 5)")
     serve.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 

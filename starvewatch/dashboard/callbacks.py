@@ -64,7 +64,8 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
         "histogram": figures.wait_histogram(steps, title=f"{loader}: wait per batch"),
         "recommendations": views.recommendations(summary),
         "workers": views.workers_panel(workers),
-        "ranks": views.ranks_panel(per_rank) or html.P("One rank."),
+        "ranks": views.ranks_panel(per_rank, query.stragglers(run_id) if per_rank else None)
+        or html.P("One rank."),
         "config": views.config_panel(summary),
     }
 

@@ -117,12 +117,32 @@ def config_panel(summary: dict) -> html.Div:
     return table(["loader", "configuration"], rows, "config-table")
 
 
-def ranks_panel(per_rank: dict[int, dict]) -> html.Div | None:
+def ranks_panel(per_rank: dict[int, dict], stragglers: dict | None = None) -> html.Div | None:
+    """One row per rank; a straggler's row is marked, with its kind, severity and likely cause."""
     if len(per_rank) < 2:
         return None
-    rows = [[rank, pct(s["verdict"]["input_wait_fraction"]), badge(s["verdict"]["input_bound"]),
-             num(sum(l["batches_per_s"] or 0 for l in s["loaders"]))] for rank, s in sorted(per_rank.items())]
-    return table(["rank", "input wait", "verdict", "batches/s"], rows, "ranks-table")
+    named: dict[int, list[dict]] = {}
+    for s in (stragglers or {}).get("stragglers", []):
+        named.setdefault(s["rank"], []).append(s)
+    rows = []
+    for rank, s in sorted(per_rank.items()):
+        marks = [html.Span(f"{f['kind']} straggler", className=f"badge badge-straggler-{f['severity']}",
+                           title=(f.get("cause") or {}).get("text", "")) for f in named.get(rank, [])]
+        rows.append(html.Tr([html.Td(rank), html.Td(pct(s["verdict"]["input_wait_fraction"])),
+                             html.Td(badge(s["verdict"]["input_bound"])),
+                             html.Td(num(sum(l["batches_per_s"] or 0 for l in s["loaders"]))),
+                             html.Td(marks or "—")],
+                            className="sw-straggler" if rank in named else None, id=f"rank-row-{rank}"))
+    header = html.Thead(html.Tr([html.Th(h) for h in ("rank", "input wait", "verdict", "batches/s", "straggler")]))
+    parts = [html.Table([header, html.Tbody(rows)], className="sw-table", id="ranks-table")]
+    for f in (stragglers or {}).get("stragglers", []):
+        cause = (f.get("cause") or {}).get("text") or ""
+        parts.append(html.P(f"Rank {f['rank']} ({f['loader']}): {f['severity']} {f['kind']} straggler, "
+                            f"+{100 * f['excess_fraction']:.0f}% of the {f['step_ms']:.1f} ms step over the "
+                            f"median rank. {cause}", className="sw-straggler-note"))
+    if stragglers and not stragglers.get("stragglers"):
+        parts.append(html.P("No straggler: the ranks wait and compute alike.", className="note"))
+    return html.Div(parts, id="ranks-panel")
 
 
 def compare_panel(before: dict, after: dict, verification: dict | None) -> html.Div:

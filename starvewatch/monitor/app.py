@@ -15,7 +15,7 @@ import orjson
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
-from .. import __version__
+from ..version import __version__
 from ..schema import EVENTS_SCHEMA, SUMMARY_SCHEMA
 from .metrics import make_registry, render
 from .models import EventBatch
@@ -95,20 +95,26 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
                      last_activity=time.time(), stop=threading.Event())
         app.state.store, app.state.query = store, query
         importer.scan()  # spools of offline or interrupted runs appear without a manual step
+        exporters = _start_exporters(settings, lambda: query)
         worker = threading.Thread(target=_background, args=(state, settings), daemon=True,
                                   name="starvewatch-collector-background")
         worker.start()
         if settings.pid_file_autostarted is not None:
-            from .server import write_pid_file
+            from .pid_file import write_pid_file
             write_pid_file(settings, settings.pid_file_autostarted)
         try:
             yield
         finally:
             if settings.pid_file_autostarted is not None:
-                from .server import remove_pid_file
+                from .pid_file import remove_pid_file
                 remove_pid_file(settings)
             state["stop"].set()
             worker.join(5)
+            for exporter in exporters:
+                try:
+                    exporter.close()
+                except Exception:  # an unreachable OTLP endpoint must not block the shutdown
+                    pass
             store.close()
 
     app = FastAPI(title="starvewatch collector", version=__version__, lifespan=lifespan,
@@ -181,6 +187,11 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
     def summary(run_id: str, rank: int | None = Q(None, ge=0)):
         return FastJSONResponse(state["query"].summary(run_id, rank))
 
+    @app.get("/api/v1/runs/{run_id}/stragglers")
+    def stragglers(run_id: str):
+        state["query"].run_meta(run_id)  # 404 for an unknown run
+        return FastJSONResponse(state["query"].stragglers(run_id))
+
     @app.get("/api/v1/runs/{run_id}/steps")
     def steps(run_id: str, after: int = Q(0, ge=0), limit: int = Q(10_000, ge=1, le=100_000),
               loader: str | None = None):
@@ -227,6 +238,19 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         mount(app, settings)
 
     return app
+
+
+def _start_exporters(settings: CollectorSettings, get_query) -> list:
+    """The optional exporters the settings ask for (imported only then)."""
+    out = []
+    if settings.otlp_endpoint:
+        from .otel import OtelExporter
+        out.append(OtelExporter(get_query, settings, settings.otlp_endpoint, interval_s=settings.otlp_interval_s))
+    if settings.tensorboard_dir:
+        from .tensorboard import TensorBoardWriter
+        out.append(TensorBoardWriter(get_query, settings, settings.tensorboard_dir,
+                                     settings.tensorboard_interval_s).start())
+    return out
 
 
 def _background(state: dict, settings: CollectorSettings) -> None:

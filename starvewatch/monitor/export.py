@@ -92,6 +92,8 @@ def to_markdown(summary: dict) -> str:
                          f"{s.get('epoch')} ({'ended' if s.get('ended_ns') else 'still going'})")
     if summary.get("verification"):
         lines += ["", "## Verify after change", "", compare_table(None, summary, summary["verification"])]
+    from .stragglers import markdown_lines
+    lines += markdown_lines(summary.get("stragglers"))
     lines += ["", "## Loader configuration", ""]
     for l in summary["loaders"]:
         lines.append(f"- {l['name']}: `{json.dumps(l.get('config'), default=str)}`")

@@ -92,8 +92,73 @@ class Query:
     def summary(self, run_id: str, rank: int | None = None) -> dict:
         meta = self.run_meta(run_id)
         loaders = self.store.loader_data(run_id, rank)
-        return summarize(meta, loaders, stalls=self.stalls(run_id), system=self.system_overview(run_id),
-                         previous=self.previous_summary(meta))
+        summary = summarize(meta, loaders, stalls=self.stalls(run_id),
+                            system=self.system_overview(run_id, rank), previous=self.previous_summary(meta))
+        if rank is None:
+            summary["stragglers"] = self.stragglers(run_id)
+        return summary
+
+    STRAGGLER_ROWS = 100_000
+
+    def _recent_step_ranges(self, run_id: str, ranks: int) -> list[tuple[int, int]]:
+        """Rowid ranges of each rank's latest step records, about STRAGGLER_ROWS in all: a long
+        run is judged on its recent steps, so the answer costs the same at any length. Each
+        stored block holds one batch of one rank (its rank read from its first row)."""
+        quota = self.STRAGGLER_ROWS // max(1, ranks)
+        taken: dict[int, int] = {}
+        picked = []
+        for first, last, rank in self.store.reader().execute(
+                "SELECT b.first_rowid, b.last_rowid, s.rank FROM step_blocks b JOIN steps s "
+                "ON s.rowid = b.first_rowid WHERE b.run_id = ? ORDER BY b.last_rowid DESC", (run_id,)):
+            if taken.get(rank, 0) < quota:
+                taken[rank] = taken.get(rank, 0) + last - first + 1
+                picked.append((first, last))
+            elif len(taken) >= ranks and all(n >= quota for n in taken.values()):
+                break
+        merged: list[list[int]] = []
+        for first, last in sorted(picked):
+            if merged and first == merged[-1][1] + 1:
+                merged[-1][1] = last
+            else:
+                merged.append([first, last])
+        return [(a, b) for a, b in merged]
+
+    @cached(per_run=True)
+    def stragglers(self, run_id: str) -> dict | None:
+        """Ranks that hold a synchronous job back (monitor/stragglers.py); None with one rank."""
+        from .stragglers import DEFAULT, find_stragglers, likely_cause, windows_from_rows
+        streams = self.store.stream_rows(run_id)
+        ranks = sorted({s["rank"] for s in streams})
+        span = self.store.step_range(run_id)
+        if len(ranks) < 2 or span is None:
+            return None
+        width = DEFAULT.window_steps
+        db = self.store.reader()
+        sums: dict[tuple, list] = {}
+        for lo, hi in self._recent_step_ranges(run_id, len(ranks)):
+            for row in db.execute(
+                    "SELECT loader, epoch, step / ?, rank, count(*), sum(wait_ns), sum(compute_ns), sum(other_ns), "
+                    "sum(other_ns > 0) FROM steps WHERE rowid BETWEEN ? AND ? AND run_id = ? "
+                    "GROUP BY loader, epoch, step / ?, rank", (width, lo, hi, run_id, width)):
+                total = sums.setdefault(tuple(row[:4]), [0] * 5)
+                for i, value in enumerate(row[4:]):
+                    total[i] += value
+        rows = [(*key, *values) for key, values in sums.items()]
+        last_phase = db.execute("SELECT max(rowid) FROM phases WHERE run_id = ?", (run_id,)).fetchone()[0] or 0
+        forward = db.execute(
+            "SELECT loader, epoch, step / ?, rank, count(*), sum(ns) FROM phases WHERE rowid > ? AND run_id = ? "
+            "AND name = 'forward' GROUP BY loader, epoch, step / ?, rank",
+            (width, last_phase - 4 * self.STRAGGLER_ROWS, run_id, width)).fetchall()
+        result = find_stragglers(windows_from_rows(rows, forward_rows=forward))
+        hosts = {s["rank"]: s["stream"].rsplit("-", 2)[0] for s in streams}  # "<host>-<pid>-<hex>"
+        systems = {rank: {**(self.system_overview(run_id, rank) or {}), "host": hosts.get(rank)}
+                   for rank in ranks}
+        for finding in result["stragglers"]:
+            rank = finding["rank"]
+            finding["cause"] = likely_cause(finding, self.summary(run_id, rank), systems[rank],
+                                            [systems[r] for r in ranks if r != rank])
+        result["ranks"] = ranks
+        return result
 
     def previous_summary(self, meta: dict) -> dict | None:
         """The latest earlier run with the same name (for verify-after-change)."""
@@ -107,12 +172,15 @@ class Query:
         prev_meta = self.run_meta(row[0])
         return summarize(prev_meta, self.store.loader_data(row[0]), system=self.system_overview(row[0]))
 
-    def system_overview(self, run_id: str) -> dict | None:
-        """Averages of the host, GPU and worker samples over the run (None when there are none)."""
+    def system_overview(self, run_id: str, rank: int | None = None) -> dict | None:
+        """Averages of the host, GPU and worker samples over the run, or over one rank's own
+        samples (None when there are none)."""
         from .system import overview
-        rows = self.store.reader().execute(
-            "SELECT kind, data FROM events WHERE run_id = ? AND kind IN ('samples', 'workers')",
-            (run_id,)).fetchall()
+        sql, args = "SELECT kind, data FROM events WHERE run_id = ? AND kind IN ('samples', 'workers')", [run_id]
+        if rank is not None:
+            sql += " AND rank = ?"
+            args.append(rank)
+        rows = self.store.reader().execute(sql, args).fetchall()
         if not rows:
             return None
         return overview([(kind, orjson.loads(data)) for kind, data in rows])

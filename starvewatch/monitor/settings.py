@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..hooks.settings import DEFAULT_PORT, default_dir
+from ..defaults import DEFAULT_PORT, default_dir
 
 
 def is_loopback(host: str) -> bool:
@@ -33,6 +33,10 @@ class CollectorSettings:
     metrics_max_runs: int = 50
     metrics_finished_keep_s: float = 300.0
     dashboard: bool = True
+    otlp_endpoint: str | None = None    # OTLP/HTTP metrics endpoint: export there (monitor/otel.py)
+    otlp_interval_s: float = 15.0
+    tensorboard_dir: Path | None = None  # write per-run scalars there (monitor/tensorboard.py)
+    tensorboard_interval_s: float = 5.0
     pid_file_autostarted: bool | None = None  # set by `serve`: write the pid file for `stop`
 
     @property

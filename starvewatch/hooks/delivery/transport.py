@@ -1,8 +1,8 @@
 """Delivery of event batches: to the collector over HTTP, to memory (tests), or to the spool.
 
 The spool is the safety net: when the collector is down or slow, batches are written there
-(gzip JSON, one file per sequence number, written atomically) and replayed in order when it
-answers again. The collector dedups by (stream, seq), so a replay never duplicates anything.
+(gzip JSON, one file per sequence number, written atomically; the format is
+starvewatch/spool_format.py) and replayed in order when it answers again. The collector dedups by (stream, seq), so a replay never duplicates anything.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import os
 import time
 import urllib.parse
 from pathlib import Path
+
+from ...spool_format import SUFFIX, file_name, read_spool_file
 
 _dumps = None
 
@@ -134,7 +136,7 @@ class Spool:
 
     def _files(self) -> list[Path]:
         try:
-            return sorted(p for p in self.directory.iterdir() if p.name.endswith(".json.gz"))
+            return sorted(p for p in self.directory.iterdir() if p.name.endswith(SUFFIX))
         except FileNotFoundError:
             return []
 
@@ -146,7 +148,7 @@ class Spool:
     def write(self, seq: int, body: bytes, records: int) -> None:
         data = gzip.compress(body, compresslevel=1)
         self._make_room(len(data))
-        final = self.directory / f"{seq:012d}.json.gz"
+        final = self.directory / file_name(seq)
         tmp = final.with_suffix(".tmp")
         try:
             f = open(tmp, "wb")
@@ -185,11 +187,6 @@ class Spool:
                 self._bytes -= size
         except FileNotFoundError:
             pass
-
-
-def read_spool_file(path: Path) -> dict:
-    with open(path, "rb") as f:
-        return json.loads(gzip.decompress(f.read()))
 
 
 class Delivery:

@@ -2,7 +2,7 @@
 to (the book), and delivery.
 
 One code path for both places that do this work: the sidecar process (the usual case: the
-training process only packs raw records and writes them to a pipe, see hooks/sidecar_link.py)
+training process only packs raw records and writes them to a pipe, see sidecar_link.py)
 and the training process itself (in-memory transport, no sidecar, or after the sidecar died).
 So both produce the same payloads and the same summary.
 """
@@ -12,9 +12,9 @@ import itertools
 import marshal
 from operator import itemgetter, sub
 
-from ..schema import STEP_COLUMNS
-from ..stats import LoaderTotals, RecordStats
-from .loader import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT
+from ...schema import STEP_COLUMNS
+from ...stats import LoaderTotals, RecordStats
+from ..record_layout import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT
 from .transport import Delivery
 
 # Records taken from the buffer per GIL hold in the training process: under 1 ms when they are

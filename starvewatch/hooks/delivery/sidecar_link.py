@@ -1,4 +1,4 @@
-"""The training process's end of the sidecar (hooks/sidecar.py).
+"""The training process's end of the sidecar (sidecar.py).
 
 Per tick the sampler thread does one non-blocking pipe read and the shipper thread one pipe
 write; everything else (psutil, NVML, gzip, HTTP, the spool) happens in the sidecar. A sidecar
@@ -21,6 +21,8 @@ from collections import OrderedDict
 
 from .records import CHUNK, LocalPipeline, RecordBook
 from .transport import dumps
+
+SIDECAR_MODULE = "starvewatch.hooks.delivery.sidecar"  # run with -m: sidecar.py
 
 
 class PipeIO:
@@ -98,11 +100,14 @@ class SidecarLink:
                       "url": settings.url, "token": settings.token, "dir": str(settings.dir),
                       "spool_dir": str(session.spool_dir), "spool_max_bytes": settings.spool_max_bytes,
                       "autostart": settings.autostart, "local_rank": session.local_rank}}
-        # The package as this process imported it, even when a script put it on sys.path.
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        # The package as this process imported it, even when a script put it on sys.path: the
+        # directory above `starvewatch`, one level up per dot in this module's name.
+        package_root = os.path.dirname(os.path.abspath(__file__))
+        for _ in range(__name__.count(".")):
+            package_root = os.path.dirname(package_root)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "starvewatch.hooks.sidecar"],
+            proc = subprocess.Popen([sys.executable, "-m", SIDECAR_MODULE],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                     stderr=subprocess.DEVNULL, close_fds=True)
         except (OSError, ValueError):

@@ -1,0 +1,67 @@
+"""A tiny BERT classifier built from a config (nothing downloaded: HF_HUB_OFFLINE=1) trained by
+`transformers.Trainer` on CPU with the starvewatch callback; then the accelerate one-liner.
+Prints {"trainer": summary, "accelerate": summary} as JSON on its last line."""
+import json
+import os
+import sys
+import time
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+import starvewatch
+from starvewatch.integrations.huggingface import StarvewatchCallback, watch_prepared, watch_trainer
+
+SEQ, TRAIN, EVAL, BATCH = 16, 48, 16, 4
+
+
+class Tokens(Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        g = torch.Generator().manual_seed(i)
+        return {"input_ids": torch.randint(0, 100, (SEQ,), generator=g),
+                "attention_mask": torch.ones(SEQ, dtype=torch.long), "labels": torch.tensor(i % 2)}
+
+
+config = BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=32, max_position_embeddings=SEQ)
+torch.manual_seed(0)
+model = BertForSequenceClassification(config)
+args = TrainingArguments(output_dir=sys.argv[1], num_train_epochs=2, per_device_train_batch_size=BATCH,
+                         per_device_eval_batch_size=BATCH, eval_strategy="epoch", save_strategy="no",
+                         logging_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True,
+                         dataloader_num_workers=0)
+trainer = Trainer(model=model, args=args, train_dataset=Tokens(TRAIN), eval_dataset=Tokens(EVAL))
+if os.environ.get("SW_EVAL") == "1":
+    callback = watch_trainer(trainer, "hf-tiny")
+else:
+    callback = StarvewatchCallback("hf-tiny")
+    trainer.add_callback(callback)
+trainer.train()
+
+# accelerate: one added line around the loader `prepare` returns.
+from accelerate import Accelerator
+
+accelerator = Accelerator(cpu=True)
+model2 = torch.nn.Linear(SEQ, 2)
+optimizer = torch.optim.SGD(model2.parameters(), lr=0.1)
+loader = DataLoader(Tokens(TRAIN), batch_size=BATCH)
+starvewatch.init("accelerate-tiny")
+model2, optimizer = accelerator.prepare(model2, optimizer)
+loader = watch_prepared(accelerator.prepare(loader))  # the one line
+for batch in loader:
+    loss = torch.nn.functional.cross_entropy(model2(batch["input_ids"].float()), batch["labels"])
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+print(json.dumps({"trainer": callback.summary, "accelerate": starvewatch.finish(),
+                  "loader_type": type(loader).__name__}), flush=True)
