@@ -371,3 +371,12 @@ def test_changes_applied_together_are_judged_against_the_joint_prediction():
 def test_thresholds_live_in_one_documented_dataclass():
     assert DEFAULT.worker_headroom == 1.2 and DEFAULT.min_gain > 1 and DEFAULT.memory_reserve_fraction == 0.2
     assert "Every number" in type(DEFAULT).__doc__
+
+
+def test_the_training_process_reports_local_world_size_for_the_diagnosis(monkeypatch):
+    from starvewatch.hooks.identity import rank_info
+    assert rank_info()["local_world_size"] is None  # not under torchrun: one rank assumed
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    meta = rank_info()
+    assert meta["local_world_size"] == 4
+    assert ranks_per_host(meta, [meta["rank"]]) == (4, "LOCAL_WORLD_SIZE")
