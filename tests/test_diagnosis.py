@@ -380,3 +380,15 @@ def test_the_training_process_reports_local_world_size_for_the_diagnosis(monkeyp
     meta = rank_info()
     assert meta["local_world_size"] == 4
     assert ranks_per_host(meta, [meta["rank"]]) == (4, "LOCAL_WORLD_SIZE")
+
+
+def test_slow_workers_with_long_tail_waits_still_get_more_workers():
+    """Long waits from workers that do not keep up are not 'bursts' a deeper queue absorbs:
+    counted twice they made every worker count look useless and the advice vanished."""
+    waits = [int(8 * MS)] * 200
+    for i in range(0, 200, 10):
+        waits[i + 1] = int(400 * MS)
+    s = run(loader(workers=6, compute_ms=9.5, waits=waits, epochs=1, persistent=True),
+            system_info=system(cpu_fraction=0.07, load_ms=238))
+    top = s["recommendations"][0]
+    assert top["parameter"] == "num_workers" and top["suggested"] > 6 and top["expected_speedup"] > 1.5

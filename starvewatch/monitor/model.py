@@ -127,7 +127,10 @@ class LoaderFacts:
         # Waits in bursts the queue did not absorb (the mean over the median, when bursty).
         self.bursty = bool(self.workers and self.median_wait is not None and self.p99_wait is not None
                            and self.p99_wait > t.bursty_p99_factor * max(self.median_wait, 0.05))
-        self.burst_excess = max(0.0, self.steady_wait - (self.median_wait or 0)) if self.bursty else 0.0
+        # Only while the workers keep up on average: otherwise the long waits are slow workers,
+        # which the max(compute, load / workers) term already predicts.
+        self.burst_excess = max(0.0, self.steady_wait - (self.median_wait or 0)) \
+            if self.bursty and self.workers_keep_up else 0.0
         prefetch = self.config.get("prefetch_factor") or 2
         self.prefetch_needed = min(t.max_prefetch_factor, max(
             prefetch * 2, math.ceil(prefetch * (self.p99_wait or 0) / max(self.compute, 1e-3)))) \
