@@ -392,3 +392,12 @@ def test_slow_workers_with_long_tail_waits_still_get_more_workers():
             system_info=system(cpu_fraction=0.07, load_ms=238))
     top = s["recommendations"][0]
     assert top["parameter"] == "num_workers" and top["suggested"] > 6 and top["expected_speedup"] > 1.5
+
+
+def test_a_saturated_cpu_caps_more_workers_at_the_cores_even_for_waiting_loads():
+    free = run(loader(wait_ms=30, compute_ms=5, workers=1), system_info=system(cpu_fraction=0.03, load_ms=35))
+    busy = run(loader(wait_ms=30, compute_ms=5, workers=1),
+               system_info=system(cpu_fraction=0.03, load_ms=35, cpu_pct_mean=99.0))
+    assert next(r for r in free["recommendations"] if r["parameter"] == "num_workers")["suggested"] == 9
+    rec = next(r for r in busy["recommendations"] if r["parameter"] == "num_workers")
+    assert rec["suggested"] == 2 and "saturated" in rec["reason"]

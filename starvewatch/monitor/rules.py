@@ -42,13 +42,17 @@ def more_workers(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     if f.workers is None or f.workers_keep_up or f.main_bound:
         return []
     needed = f.workers_needed(t)
-    capped = min(needed, f.cores) if f.cpu_busy else needed
+    # CPU-bound loading, or any loading on a host whose CPU is saturated (a waking worker
+    # waits for a core too): more workers than cores cannot get more done.
+    capped = min(needed, f.cores) if f.cpu_busy or ctx["cpu_saturated"] else needed
     if capped <= f.workers:
         return []
     kind = "CPU work (decoding, transforms)" if f.cpu_busy else "waiting (reads, latency)"
     reason = (f"loading a batch takes {f.load:.1f} ms of {kind} against {f.compute:.1f} ms of compute; "
               f"{capped} workers keep up (ceil(load / compute x {t.worker_headroom}) = {needed}"
-              + (f", capped at {capped} by {f.cores} usable cores" if capped < needed else "") + ")")
+              + (f", capped at {capped} by {f.cores} usable cores"
+                 + (" on a saturated CPU" if ctx["cpu_saturated"] and not f.cpu_busy else "")
+                 if capped < needed else "") + ")")
     if f.workers == 0:
         reason = "num_workers=0 loads every batch on the training thread: " + reason
     return [proposal(f, "num_workers", capped, reason,
