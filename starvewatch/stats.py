@@ -156,6 +156,15 @@ class LogHistogram:
                 return min(bucket_value(index), float(self.maximum))
         return float(self.maximum)
 
+    def variance(self) -> float | None:
+        """Variance of the values (ns^2), from the buckets' representative values around the
+        exact mean: within a few percent, and the same on both sides of the wire."""
+        if self.count < 2:
+            return None
+        mean = self.total / self.count
+        spread = sum(n * (bucket_value(i) - mean) ** 2 for i, n in self.counts.items())
+        return spread / (self.count - 1)
+
     def count_above(self, threshold_ns: float) -> int:
         return sum(n for i, n in self.counts.items() if bucket_value(i) > threshold_ns)
 

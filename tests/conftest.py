@@ -5,7 +5,7 @@ import pytest
 import starvewatch
 from starvewatch.hooks.delivery.transport import MemoryTransport
 
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
               "TORCHELASTIC_RUN_ID", "STARVEWATCH_RUN_ID", "STARVEWATCH_RUN_NAME",
               "STARVEWATCH_TOKEN", "STARVEWATCH_DISABLED")
 

@@ -104,3 +104,21 @@ def test_metrics_are_bounded_to_live_and_recent_runs(client):
     text = client.get("/metrics").text
     assert 'starvewatch_input_wait_fraction{loader="train",name="api-test",run="live-run"} 0.2' in text
     assert 'starvewatch_run_live{name="api-test",run="live-run",status="live"} 1.0' in text
+
+
+def test_cores_are_divided_by_the_ranks_on_each_host_not_by_the_world(client):
+    """8 ranks on 2 hosts of 16 cores (4 per host): CPU-bound workers are capped at 16 / 4."""
+    for rank in range(8):
+        payload = batch(stream=f"s{rank}", rank=rank, status="finished", wait_ns=30_000_000, compute_ns=5_000_000)
+        payload["run"].update(host=f"node{rank // 4}", world_size=8)
+        payload["loaders"][0]["config"] = {"num_workers": 1, "batch_size": 32, "persistent_workers": True,
+                                           "prefetch_factor": 2}
+        payload["samples"] = [{"kind": "host", "t_ns": 1, "cpu_count": 16, "cpu_pct": 50.0}]
+        payload["workers"] = [{"loader": "train", "t_ns": 1, "configured_workers": 1, "workers": [
+            {"id": 0, "pid": 100 + rank, "load_ms_mean": 35.0, "cpu_fraction": 0.95}]}]
+        assert post(client, payload).status_code == 200
+    summary = client.get("/api/v1/runs/run-a/summary").json()
+    top = summary["recommendations"][0]
+    assert (top["parameter"], top["suggested"]) == ("num_workers", 4)  # ceil(35 / 5 x 1.2) = 9, 4 cores
+    assert top["evidence"]["cores"] == 4 and top["evidence"]["ranks_per_host"] == 4
+    assert summary["loaders"][0]["ranks"] == list(range(8))

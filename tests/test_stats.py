@@ -38,3 +38,16 @@ def test_quantiles_are_within_the_bucket_width():
         assert abs(h.quantile(q) - exact) / exact < 0.02
     assert bucket_value(bucket_of(1_000_000)) == pytest.approx(1_000_000, rel=0.016)
 
+
+
+def test_variance_from_the_buckets_is_within_a_few_percent():
+    rng = random.Random(7)
+    values = [int(rng.lognormvariate(16, 0.6)) for _ in range(20_000)]
+    h = LogHistogram()
+    h.add_many(values)
+    mean = sum(values) / len(values)
+    exact = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    assert h.variance() == pytest.approx(exact, rel=0.04)
+    one = LogHistogram()
+    one.add(5)
+    assert one.variance() is None  # a spread needs two values

@@ -1,32 +1,39 @@
-"""Training scenarios with a known ground truth, runnable on a CPU.
+"""Training scenarios with a known ground truth, runnable on a CPU: one per engine rule.
 
 The step "compute" sleeps, as a training loop does while it waits for its GPU kernels, so the
-cores stay free for DataLoader workers as they would on a GPU machine. Loading either sleeps
-(latency: reads, network) or spins (CPU: decoding, transforms). Each scenario states, before
-it runs, the verdict, the limiting factor and the top recommendation it must get.
+cores stay free for DataLoader workers as they would on a GPU machine. Loading mostly sleeps
+(latency: reads, network), which keeps the figures steady on a busy host; the CPU-bound
+scenarios spin (decoding, transforms). Each scenario states, before it runs, the verdict, the
+limiting factor and the top recommendation (loader, parameter, value range) it must get, and
+supplies the "fixed" dataset that advice which is not a DataLoader argument stands for.
 """
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import BatchSampler, Dataset, SequentialSampler
 
 
-def spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
+def spin(cpu_seconds: float) -> None:
+    """CPU work: a fixed amount of this thread's CPU time (decoding, transforms), however busy
+    the host is."""
+    end = time.thread_time() + cpu_seconds
+    while time.thread_time() < end:
         pass
 
 
 class Items(Dataset):
     """`n` items; each costs `sleep_s` of waiting and `spin_s` of CPU; every `slow_every`-th
-    item (when set) costs `slow_s` more; `size` floats per item."""
+    item (when set) costs `slow_s` more; `size` floats per item. With `batch` set, every item
+    is already a batch of that many samples (for batch_size=None)."""
 
-    def __init__(self, n, sleep_s=0.0, spin_s=0.0, slow_every=0, slow_s=0.0, size=4):
+    def __init__(self, n, sleep_s=0.0, spin_s=0.0, slow_every=0, slow_s=0.0, size=4, batch=0):
         self.n, self.sleep_s, self.spin_s = n, sleep_s, spin_s
-        self.slow_every, self.slow_s, self.size = slow_every, slow_s, size
+        self.slow_every, self.slow_s, self.size, self.batch = slow_every, slow_s, size, batch
 
     def __len__(self):
         return self.n
@@ -38,71 +45,154 @@ class Items(Dataset):
             spin(self.spin_s)
         if self.slow_every and i % self.slow_every == 0:
             time.sleep(self.slow_s)
-        return torch.zeros(self.size)
+        return torch.zeros((self.batch, self.size) if self.batch else (self.size,))
+
+
+class Chunks(BatchSampler):
+    """A custom batch sampler (as a bucketing sampler would be): fixed chunks of 8 indices."""
+
+    def __init__(self, dataset):
+        super().__init__(SequentialSampler(dataset), 8, False)
+
+
+def _rebuilt(tensor, cpu_s):
+    spin(cpu_s)
+    return tensor
+
+
+class RebuildOnArrival:
+    """A collate_fn whose batches cost the receiving process CPU to rebuild (as decompressing
+    or re-assembling many small objects does): the main process's share of every batch."""
+
+    def __init__(self, cpu_s: float) -> None:
+        self.cpu_s = cpu_s
+
+    def __call__(self, items):
+        return _Packed(torch.stack(items), self.cpu_s)
+
+
+class _Packed:
+    def __init__(self, tensor, cpu_s):
+        self.tensor, self.cpu_s = tensor, cpu_s
+
+    def __reduce__(self):
+        return _rebuilt, (self.tensor, self.cpu_s)
 
 
 def slow_worker_start(worker_id):
     time.sleep(0.25)  # opening a dataset file, connecting to storage...
 
 
+def gpu_step(fixed_s: float, per_sample_s: float) -> Callable[[int], float]:
+    """A GPU step: launch overhead that does not grow with the batch, plus per-sample work."""
+    return lambda samples: fixed_s + per_sample_s * samples
+
+
+@dataclass
+class LoaderSpec:
+    dataset: Callable[[], Dataset]
+    kwargs: dict                                  # the DataLoader arguments of the scenario
+    compute_s: float | Callable[[int], float]     # per step, or per step of n samples
+    fixed: Callable[[], Dataset] | None = None    # the dataset once non-DataLoader advice is taken
+    fixed_kwargs: dict | None = None              # ... and its DataLoader arguments, if they change
+    batch_sampler: Callable[[Dataset], object] | None = None
+    plain: bool = False                           # batches from a generator, not a DataLoader
+
+
 @dataclass
 class Scenario:
     name: str
+    rule: str                      # the engine rule (rules.RULES) this scenario exercises
     description: str
-    loaders: dict                  # loader name -> (dataset factory, DataLoader kwargs)
-    compute_s: dict                # loader name -> seconds of "GPU" time per step
+    loaders: dict[str, LoaderSpec]
     epochs: int
     expect_verdict: str
     expect_factor: str
-    expect_top: tuple | None       # (loader, parameter) of the top recommendation, or None
-    env: dict = field(default_factory=dict)
+    expect_top: tuple | None       # (loader, parameter, low, high) or (loader, None, "advice"); None: healthy
+    expect_protective: tuple | None = None  # (loader, parameter, low, high): protective advice that must be there
+    simulated: str | None = None   # what the scenario simulates (GPU, /dev/shm limit), if anything
+    env: Callable[[], dict] = field(default=lambda: {})
 
-    def run(self, configs: dict) -> dict:
-        """Train with the given DataLoader kwargs; wall seconds spent per loader."""
-        import starvewatch
-        loaders = {}
-        for name, (make, _) in self.loaders.items():
-            loaders[name] = starvewatch.watch(DataLoader(make(), **configs[name]), name=name)
-        spent = dict.fromkeys(loaders, 0.0)
-        for _ in range(self.epochs):
-            for name, loader in loaders.items():
-                t0 = time.perf_counter()
-                for _ in loader:
-                    time.sleep(self.compute_s[name])
-                spent[name] += time.perf_counter() - t0
-        del loaders
-        return spent
+
+def _shm_limit_env(extra_bytes: int) -> Callable[[], dict]:
+    """A /dev/shm of (what is used now + extra) bytes, through the documented setting."""
+    return lambda: {"STARVEWATCH_SHM_LIMIT_BYTES": str(shutil.disk_usage("/dev/shm").used + extra_bytes)}
 
 
 SCENARIOS = [
-    Scenario("workers0_slow_getitem", "num_workers=0 with a slow __getitem__ (4 ms reads)",
-             {"train": (lambda: Items(512, sleep_s=0.004), {"batch_size": 8, "num_workers": 0})},
-             {"train": 0.016}, 2, "high", "input_bound_io", ("train", "num_workers")),
-    Scenario("latency_too_few_workers", "latency-bound reads (4 ms) with one worker",
-             {"train": (lambda: Items(768, sleep_s=0.004), {"batch_size": 8, "num_workers": 1})},
-             {"train": 0.016}, 1, "high", "input_bound_io", ("train", "num_workers")),
-    Scenario("cpu_transform_workers_eq_cores", "a CPU-heavy transform (16 ms a batch) with workers = cores",
-             {"train": (lambda: Items(768, spin_s=0.002), {"batch_size": 8, "num_workers": 2,
-                                                          "persistent_workers": True})},
-             {"train": 0.004}, 2, "high", "input_bound_cpu", ("train", None)),
-    Scenario("persistent_off_slow_startup", "persistent_workers=False, short epochs, slow worker start-up",
-             {"train": (lambda: Items(64, sleep_s=0.0005), {"batch_size": 4, "num_workers": 2,
-                                                           "worker_init_fn": slow_worker_start})},
-             {"train": 0.005}, 6, "high", "epoch_startup", ("train", "persistent_workers")),
-    Scenario("bursty_dataset", "every 32nd batch is 120 ms slow; workers keep up on average",
-             {"train": (lambda: Items(1024, sleep_s=0.0005, slow_every=128, slow_s=0.12),
-                        {"batch_size": 4, "num_workers": 2, "prefetch_factor": 2, "persistent_workers": True})},
-             {"train": 0.02}, 1, "moderate", "input_bound_io", ("train", "prefetch_factor")),
-    Scenario("healthy_compute_bound", "cheap in-memory data, 20 ms steps",
-             {"train": (lambda: Items(512), {"batch_size": 4, "num_workers": 0})},
-             {"train": 0.02}, 1, "not", "compute_bound", None),
-    Scenario("slow_validation", "a slow validation loader (num_workers=0) beside a healthy training loader",
-             {"train": (lambda: Items(256), {"batch_size": 4, "num_workers": 0}),
-              "val": (lambda: Items(256, sleep_s=0.003), {"batch_size": 8, "num_workers": 0})},
-             {"train": 0.008, "val": 0.02}, 3, "high", "input_bound_io", ("val", "num_workers")),
-    Scenario("shm_pressure", "large batches, deep prefetch, /dev/shm limited to 12 MiB (simulated)",
-             {"train": (lambda: Items(192, sleep_s=0.0002, size=128 * 1024),
-                        {"batch_size": 2, "num_workers": 2, "prefetch_factor": 8, "persistent_workers": True})},
-             {"train": 0.06}, 1, "not", "compute_bound", ("train", "prefetch_factor"),
-             env={"shm_limit_extra_bytes": 12 * 2**20}),
+    Scenario("workers0_slow_getitem", "more_workers", "num_workers=0 with a slow __getitem__ (4 ms reads)",
+             {"train": LoaderSpec(lambda: Items(768, sleep_s=0.004), {"batch_size": 8, "num_workers": 0}, 0.016)},
+             1, "high", "input_bound_io", ("train", "num_workers", 2, 4)),
+    Scenario("latency_too_few_workers", "more_workers", "latency-bound reads (4 ms) with one worker",
+             {"train": LoaderSpec(lambda: Items(512, sleep_s=0.004),
+                                  {"batch_size": 8, "num_workers": 1, "persistent_workers": True}, 0.016)},
+             1, "high", "input_bound_io", ("train", "num_workers", 2, 4)),
+    Scenario("cpu_bound_workers0_capped", "more_workers", "CPU-bound items (2 ms of CPU each), num_workers=0",
+             {"train": LoaderSpec(lambda: Items(256, spin_s=0.002), {"batch_size": 8, "num_workers": 0}, 0.008)},
+             1, "high", "input_bound_cpu", ("train", "num_workers", 2, 2)),
+    Scenario("cpu_transform_workers_eq_cores", "lighter_transforms",
+             "a CPU-heavy transform (16 ms a batch) with workers = cores: more workers would not help",
+             {"train": LoaderSpec(lambda: Items(512, spin_s=0.002),
+                                  {"batch_size": 8, "num_workers": 2, "persistent_workers": True}, 0.004,
+                                  fixed=lambda: Items(512))},
+             1, "high", "input_bound_cpu", ("train", None, "gpu_transforms")),
+    Scenario("cpu_oversubscribed", "cpu_oversubscribed",
+             "6 CPU-bound workers on 2 cores: lighter transforms, and fewer workers as protection",
+             {"train": LoaderSpec(lambda: Items(384, spin_s=0.002),
+                                  {"batch_size": 8, "num_workers": 6, "persistent_workers": True}, 0.004,
+                                  fixed=lambda: Items(384))},
+             1, "high", "input_bound_cpu", ("train", None, "gpu_transforms"),
+             expect_protective=("train", "num_workers", 2, 2)),
+    Scenario("main_process_rebuild", "main_process_share",
+             "2 workers keep up, but each batch costs the training process 16 ms of CPU to rebuild",
+             {"train": LoaderSpec(lambda: Items(512, sleep_s=0.001),
+                                  {"batch_size": 8, "num_workers": 2, "persistent_workers": True,
+                                   "collate_fn": RebuildOnArrival(0.016)}, 0.01,
+                                  fixed=lambda: Items(512, sleep_s=0.001), fixed_kwargs={"collate_fn": None})},
+             1, "high", "input_bound_main", ("train", None, "lighter_batches")),
+    Scenario("persistent_off_slow_startup", "persistent_workers",
+             "persistent_workers=False, short epochs, slow worker start-up",
+             {"train": LoaderSpec(lambda: Items(64, sleep_s=0.0005),
+                                  {"batch_size": 4, "num_workers": 2, "worker_init_fn": slow_worker_start}, 0.005)},
+             6, "high", "epoch_startup", ("train", "persistent_workers", True, True)),
+    Scenario("bursty_dataset", "deeper_prefetch", "every 128th item is 120 ms slow; workers keep up on average",
+             {"train": LoaderSpec(lambda: Items(1024, sleep_s=0.0005, slow_every=128, slow_s=0.12),
+                                  {"batch_size": 4, "num_workers": 2, "prefetch_factor": 2,
+                                   "persistent_workers": True}, 0.02)},
+             1, "moderate", "input_bound_io", ("train", "prefetch_factor", 4, 16)),
+    Scenario("healthy_compute_bound", "(none)", "cheap in-memory data, 20 ms steps",
+             {"train": LoaderSpec(lambda: Items(128), {"batch_size": 4, "num_workers": 0}, 0.04)},
+             1, "not", "compute_bound", None),
+    Scenario("slow_validation", "more_workers", "a slow validation loader (num_workers=0) beside a healthy one",
+             {"train": LoaderSpec(lambda: Items(128), {"batch_size": 4, "num_workers": 0}, 0.008),
+              "val": LoaderSpec(lambda: Items(192, sleep_s=0.003), {"batch_size": 8, "num_workers": 0}, 0.02)},
+             2, "high", "input_bound_io", ("val", "num_workers", 2, 3)),
+    Scenario("shm_pressure", "memory_budget", "1 MiB batches, prefetch 8: more than a 12 MiB /dev/shm holds",
+             {"train": LoaderSpec(lambda: Items(64, sleep_s=0.0002, size=256 * 1024),
+                                  {"batch_size": 1, "num_workers": 2, "prefetch_factor": 8,
+                                   "persistent_workers": True}, 0.08)},
+             1, "not", "compute_bound", None, expect_protective=("train", "prefetch_factor", 2, 6),
+             simulated="/dev/shm limit (STARVEWATCH_SHM_LIMIT_BYTES)", env=_shm_limit_env(12 * 2**20)),
+    Scenario("plain_iterable", "not_a_dataloader", "batches made by a generator on the training thread",
+             {"train": LoaderSpec(lambda: Items(384, sleep_s=0.004), {"batch_size": 8}, 0.016, plain=True)},
+             1, "high", "input_bound_io", ("train", None, "DataLoader(num_workers=")),
+    Scenario("batch_size_none", "more_workers", "the dataset yields whole batches (batch_size=None), 24 ms each",
+             {"train": LoaderSpec(lambda: Items(48, sleep_s=0.024, batch=8),
+                                  {"batch_size": None, "num_workers": 0}, 0.016)},
+             2, "high", "input_bound_io", ("train", "num_workers", 2, 4)),
+    Scenario("custom_batch_sampler", "more_workers", "a custom batch_sampler, num_workers=0, 4 ms reads",
+             {"train": LoaderSpec(lambda: Items(384, sleep_s=0.004), {"num_workers": 0}, 0.016,
+                                  batch_sampler=Chunks)},
+             2, "high", "input_bound_io", ("train", "num_workers", 2, 4)),
+    Scenario("gpu_underused_host_bound", "larger_batches",
+             "an NVML stand-in reports 37% GPU use; steps are 63% launch overhead",
+             {"train": LoaderSpec(lambda: Items(512), {"batch_size": 8, "num_workers": 1, "persistent_workers": True},
+                                  gpu_step(0.0378, 0.0222 / 8))},
+             1, "not", "host_bound", ("train", "batch_size", 16, 16),
+             simulated="GPU (NVML stand-in, 37% busy)", env=lambda: {"STARVEWATCH_TEST_FAKE_NVML": "self"}),
+    Scenario("starved_on_gpu_host", "pin_memory", "num_workers=0, 4 ms reads, on a (stand-in) GPU host",
+             {"train": LoaderSpec(lambda: Items(512, sleep_s=0.004), {"batch_size": 8, "num_workers": 0}, 0.016)},
+             1, "high", "input_bound_io", ("train", "num_workers", 2, 4),
+             expect_protective=("train", "pin_memory", True, True),
+             simulated="GPU (NVML stand-in)", env=lambda: {"STARVEWATCH_TEST_FAKE_NVML": "self"}),
 ]

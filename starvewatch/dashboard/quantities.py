@@ -8,6 +8,13 @@ from __future__ import annotations
 # Keys whose name alone does not say it well; any other key is read from its suffix.
 LABELS = {
     "load_ms_per_batch": "load per batch",
+    "load_ms": "load per batch",
+    "compute_ms": "compute per batch",
+    "wait_ms": "wait per batch",
+    "worker_load_ms": "worker load per batch",
+    "main_share_ms": "main process's share per batch",
+    "ranks_per_host": "ranks on this host",
+    "worker_mem_bytes": "memory per worker",
     "compute_ms_mean": "compute per batch",
     "wait_ms_mean": "wait per batch",
     "input_wait_fraction": "input wait",
@@ -104,7 +111,7 @@ def value(key: str, x) -> str:
 
 
 # The quantities a rule reasons with come first, in the order a person checks them.
-FIRST = ("load_ms_per_batch", "compute_ms_mean", "wait_ms_mean", "usable_cores", "cores", "workers_needed",
+FIRST = ("load_ms_per_batch", "load_ms", "compute_ms_mean", "compute_ms", "wait_ms_mean", "wait_ms", "usable_cores", "cores", "workers_needed",
          "num_workers", "input_wait_fraction")
 
 

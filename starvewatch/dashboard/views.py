@@ -6,7 +6,7 @@ from dash import dcc, html
 from ..ids import url_segment
 from ..monitor import figures
 from ..monitor.diagnosis import joint_changes_note
-from ..monitor.export import compare_rows
+from ..monitor.export import compare_rows, measured_with_interval
 from .quantities import human_bytes
 
 
@@ -138,10 +138,11 @@ def compare_panel(before: dict, after: dict, verification: dict | None) -> html.
     parts = [table(["loader", "metric", "before", "after", "after/before"], rows, "compare-table")]
     if verification:
         vrows = [[r["loader"], f"{r['parameter']}={r['suggested']!r}", "yes" if r["applied"] else "no",
-                  num(r["expected_speedup"], 2, "x"), num(r["measured_speedup"], 2, "x"), badge_status(r["status"])]
+                  num(r.get("judged_against") or r["expected_speedup"], 2, "x"), measured_with_interval(r),
+                  badge_status(r["status"])]
                  for r in verification["results"]]
         parts += [html.H4("Verify after change"),
-                  table(["loader", "change", "applied", "expected", "measured", "verdict"], vrows, "verify-table"),
+                  table(["loader", "change", "applied", "expected", "measured (95% interval)", "verdict"], vrows, "verify-table"),
                   *[html.P(note, className="note") for note in joint_changes_note(verification)]]
     else:
         parts.append(html.P("The loader configurations are the same: nothing to verify."))
@@ -149,5 +150,5 @@ def compare_panel(before: dict, after: dict, verification: dict | None) -> html.
 
 
 def badge_status(status: str) -> html.Span:
-    color = {"confirmed": "not", "refuted": "high", "not_applied": "insufficient_data"}.get(status, "finished")
+    color = {"confirmed": "not", "refuted": "high", "inconclusive": "moderate", "not_applied": "insufficient_data"}.get(status, "finished")
     return html.Span(status.replace("_", " "), className=f"badge badge-{color}")

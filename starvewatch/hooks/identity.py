@@ -34,8 +34,9 @@ def rank_info() -> dict:
             return int(os.environ.get(name, default))
         except ValueError:
             return default
+    # LOCAL_WORLD_SIZE (torchrun): the ranks sharing this host's cores, for the diagnosis.
     return {"rank": _int("RANK", 0), "world_size": _int("WORLD_SIZE", 1),
-            "local_rank": _int("LOCAL_RANK", 0)}
+            "local_rank": _int("LOCAL_RANK", 0), "local_world_size": _int("LOCAL_WORLD_SIZE", 0) or None}
 
 
 def run_id_for(name: str) -> str:

@@ -5,6 +5,7 @@ dashboard, so every surface reports the same numbers. No web framework in here.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -56,6 +57,15 @@ def _distribution(hist, steps: int, total_ns: int) -> dict:
     }
 
 
+def _step_time(t: LoaderTotals, rec: RecordStats | None) -> dict:
+    """Per-step loop time with its spread, for verify-after-change: the mean is exact, the
+    spread comes from the wait and compute histograms (treated as independent)."""
+    spreads = [h.variance() for h in (rec.wait, rec.compute)] if rec else [None]
+    sd = math.sqrt(sum(spreads)) / 1e6 if None not in spreads else None
+    return {"mean_ms": loop_ns(t) / t.steps / 1e6 if t.steps else None, "sd_ms": sd, "steps": t.steps,
+            "samples_per_step": t.samples / t.steps if t.steps and t.samples_known and t.samples else None}
+
+
 def loader_summary(data: LoaderData) -> dict:
     t, rec = data.totals, data.records
     f = fraction(wait_total_ns(t), loop_ns(t))
@@ -76,6 +86,7 @@ def loader_summary(data: LoaderData) -> dict:
         "batches_per_s": t.steps / elapsed_s if elapsed_s > 0 else None,
         "samples_per_s": t.samples / elapsed_s if elapsed_s > 0 and t.samples_known and t.steps else None,
         "gpu_idle_fraction": gpu_idle,
+        "step_time": _step_time(t, rec),
         "dropped_records": t.dropped_records,
         "ranks": sorted(data.ranks),
     }
@@ -113,5 +124,5 @@ def summarize(run: dict, loaders: list[LoaderData], *, stalls=(), system: dict |
         "recommendations": [],
         "system": system,
     }
-    diagnose(summary, loaders, system=system, previous=previous)
+    diagnose(summary, loaders, system=system, previous=previous, run=run)
     return summary

@@ -59,16 +59,19 @@ def _num(x, digits=2) -> str:
 
 
 def snippet(config: dict | None, recs: list[dict], loader: str) -> str | None:
-    """A copyable DataLoader(...) line with the recommendations applied."""
-    from .diagnosis import applied_config
+    """A copyable DataLoader(...) line with the recommendations applied: exactly the engine's
+    applied configuration. A loader's own batching is kept (batch_size=None, a batch_sampler)."""
+    from .diagnosis import applied_config, custom_batch_sampler
     changed = {r["parameter"]: r["suggested"] for r in recs if r["loader"] == loader and r["parameter"]
                in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size")}
     if not changed:
         return None
     kwargs = applied_config(config, recs, loader)
-    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()
-                      if k in changed or k == "batch_size" or (k == "persistent_workers" and v))
-    return f"DataLoader(dataset, {shown})"
+    shown = [f"{k}={v!r}" for k, v in kwargs.items()
+             if k in changed or k == "batch_size" or (k == "persistent_workers" and v)]
+    if custom_batch_sampler(config):
+        shown.insert(0, f"batch_sampler=<your {(config or {}).get('batch_sampler')}>")
+    return f"DataLoader(dataset, {', '.join(shown)})"
 
 
 def to_markdown(summary: dict) -> str:
@@ -94,7 +97,9 @@ def to_markdown(summary: dict) -> str:
     for i, r in enumerate(summary["recommendations"], 1):
         what = f"`{r['parameter']}={r['suggested']!r}` (now `{r['current']!r}`)" if r["parameter"] else f"{r['suggested']}"
         gain = f", expected {r['expected_speedup']:.2f}x" if r.get("expected_speedup") else ""
-        lines.append(f"{i}. **{r['loader']}**: {what}{gain}. {r['reason']}.")
+        risk = f" Protects against: {r['risk']}." if r.get("kind") == "protective" and r.get("risk") else ""
+        label = " (protective)" if r.get("kind") == "protective" else ""
+        lines.append(f"{i}. **{r['loader']}**{label}: {what}{gain}. {r['reason']}.{risk}")
         lines.append(f"   Evidence: `{json.dumps(r['evidence'], default=str)}`")
     for l in summary["loaders"]:
         code = snippet(l.get("config"), summary["recommendations"], l["name"])
@@ -135,16 +140,28 @@ def compare_rows(before: dict, after: dict) -> list[tuple]:
     return rows
 
 
+def measured_with_interval(r: dict) -> str:
+    """'2.05x [1.90, 2.21] samples/s' -- the verdict's interval and basis, where known."""
+    if r.get("measured_speedup") is None:
+        return "n/a"
+    interval = r.get("interval")
+    shown = f"{r['measured_speedup']:.2f}x"
+    if interval:
+        shown += f" [{interval[0]:.2f}, {interval[1]:.2f}]"
+    return shown + (f" {r['basis']}" if r.get("basis") else "")
+
+
 def compare_table(before: dict | None, after: dict, verification: dict | None) -> str:
     lines = []
     if before is not None:
         lines += ["| loader | metric | before | after | after/before |", "|---|---|---:|---:|---:|"]
         lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in compare_rows(before, after)]
     if verification:
-        lines += ["", "| loader | change | applied | expected | measured | verdict |", "|---|---|---|---:|---:|---|"]
+        lines += ["", "| loader | change | applied | expected | measured (95% interval) | verdict |",
+                  "|---|---|---|---:|---:|---|"]
         for r in verification["results"]:
             lines.append(f"| {r['loader']} | {r['parameter']}={r['suggested']!r} | {'yes' if r['applied'] else 'no'} | "
-                         f"{_num(r['expected_speedup'])}x | {_num(r['measured_speedup'])}x | {r['status']} |")
+                         f"{_num(r.get('judged_against') or r['expected_speedup'])}x | {measured_with_interval(r)} | {r['status']} |")
         notes = joint_changes_note(verification)
         if notes:
             lines += [""] + notes

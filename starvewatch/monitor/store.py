@@ -146,16 +146,28 @@ class Store:
         row = w.execute("SELECT meta FROM runs WHERE id = ?", (batch.run_id,)).fetchone()
         if row is None:
             base = meta or {"id": batch.run_id, "name": batch.run_id}
+            if meta is not None and meta.get("host"):
+                base["rank_hosts"] = {str(meta.get("rank", 0)): meta["host"]}
             w.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
                       (batch.run_id, base.get("name") or batch.run_id, orjson.dumps(base).decode(),
                        base.get("started_at"), base.get("ended_at"), now, now))
             return
-        if meta is not None and (meta.get("rank", 0) == 0 or orjson.loads(row[0]).get("rank") != 0):
+        stored = orjson.loads(row[0])
+        # Every rank's hostname, so the diagnosis divides a host's cores by the ranks on it.
+        hosts = dict(stored.get("rank_hosts") or {})
+        if meta is not None and meta.get("host"):
+            hosts[str(meta.get("rank", 0))] = meta["host"]
+        if meta is not None and (meta.get("rank", 0) == 0 or stored.get("rank") != 0):
             # Rank 0 speaks for the run; other ranks' metadata is kept on their streams.
+            meta["rank_hosts"] = hosts
             w.execute("UPDATE runs SET name = ?, meta = ?, started_at = coalesce(min(started_at, ?), ?), "
                       "ended_at = ?, last_seen = ? WHERE id = ?",
                       (meta["name"], orjson.dumps(meta).decode(), meta.get("started_at"),
                        meta.get("started_at"), meta.get("ended_at"), now, batch.run_id))
+        elif hosts != (stored.get("rank_hosts") or {}):
+            stored["rank_hosts"] = hosts
+            w.execute("UPDATE runs SET meta = ?, last_seen = ? WHERE id = ?",
+                      (orjson.dumps(stored).decode(), now, batch.run_id))
         else:
             w.execute("UPDATE runs SET last_seen = ? WHERE id = ?", (now, batch.run_id))
 

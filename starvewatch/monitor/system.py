@@ -37,6 +37,7 @@ def overview(events: list[tuple[str, dict]]) -> dict | None:
         "swap_out_bytes_per_s_mean": _mean(e.get("swap_out_bytes_per_s") for e in host),
         "disk_read_bytes_per_s_mean": _mean(e.get("disk_read_bytes_per_s") for e in host),
         "shm_used_max_bytes": _max(e.get("shm_used_bytes") for e in host),
+        "shm_used_min_bytes": _min(e.get("shm_used_bytes") for e in host),
         "shm_total_bytes": _max(e.get("shm_total_bytes") for e in host),
         "cpu_count": _max(e.get("cpu_count") for e in host),
         "gpu_samples": len(gpu),
@@ -60,6 +61,10 @@ def overview(events: list[tuple[str, dict]]) -> dict | None:
             "worker_load_ms_mean": _mean(w.get("load_ms_mean") for w in per_worker),
             "worker_cpu_fraction": _mean(w.get("cpu_fraction") for w in per_worker),
             "worker_cpu_pct_mean": _mean(w.get("cpu_pct") for s in snaps for w in s.get("workers", [])),
+            # Memory one worker holds of its own: USS where known (issue 16), else RSS (an upper
+            # bound: a forked worker shares most of its pages with the training process).
+            "worker_mem_bytes_max": _max(w.get("uss_bytes") or w.get("rss_bytes")
+                                         for s in snaps for w in s.get("workers", [])),
             "workers": [{"id": w.get("id"), "pid": w.get("pid"), "state": w.get("state"),
                          "batches": w.get("batches"), "load_ms_mean": w.get("load_ms_mean"),
                          "cpu_fraction": w.get("cpu_fraction")} for w in per_worker],

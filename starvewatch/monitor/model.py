@@ -1,0 +1,207 @@
+"""What the diagnosis knows about one loader, and the one model every prediction comes from.
+
+Per batch the loop waits `wait` and computes `compute` (ms). Loading one batch costs `load`
+(ms, on one worker). With N workers that overlap with compute, a step takes about
+max(compute, load / N) -- and when loading is CPU work, the host's cores bound it as well:
+load / cores. Add the hand-over of each batch, the workers' start-up (once if persistent,
+else every epoch) and the bursts a prefetch queue did not absorb.
+
+`step_ms(facts, config, what_if)` predicts the step for any DataLoader configuration (and for
+changes that are not DataLoader arguments, as `what_if` factors); a set of changes is
+predicted by one call over the changed configuration, so gains are never double-counted.
+Speed-ups are per sample: a change of batch size is judged by samples/s, not batches/s.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every number a rule compares against, in one place."""
+
+    worker_headroom: float = 1.2          # workers = ceil(load / compute x this)
+    cpu_busy_fraction: float = 0.5        # worker (or loading) CPU time / wall time: CPU-bound above
+    cpu_busy_fraction_saturated: float = 0.15  # the same on a saturated host (CPU time is rationed)
+    iowait_high_pct: float = 20.0         # kernel iowait that marks storage-bound reads
+    cpu_saturated_pct: float = 90.0       # machine CPU busy: more workers cannot help
+    startup_share: float = 0.5            # epoch start-up share of all waiting: epoch_startup
+    startup_min_ms: float = 20.0          # a first-batch wait this much over steady state is start-up
+    bursty_p99_factor: float = 4.0        # p99 over 4x p50: waits come in bursts
+    max_prefetch_factor: int = 16
+    memory_reserve_fraction: float = 0.2  # of free RAM and /dev/shm, never planned for workers
+    shm_pressure_fraction: float = 0.8    # /dev/shm used over total
+    ram_pressure_fraction: float = 0.1    # available RAM under this share of total
+    swap_active_bytes_per_s: float = 1e6
+    gpu_underused_pct: float = 70.0       # GPU utilization under this while not input-bound
+    min_gain: float = 1.02                # predictions under 2% are not worth a recommendation
+    worker_transfer_ms: float = 0.5       # handing a batch from a worker to the loop, when unmeasured
+    worker_startup_ms: float = 60.0       # spawning the workers of one epoch, when unmeasured
+
+
+DEFAULT = Thresholds()
+
+
+def ranks_per_host(run: dict | None, ranks: list[int]) -> tuple[int, str]:
+    """How many of `ranks` share one host's cores: LOCAL_WORLD_SIZE when the run reported it,
+    else the ranks that reported the same hostname (the busiest host), else one."""
+    run = run or {}
+    local = run.get("local_world_size")
+    if isinstance(local, int) and local > 0:
+        return local, "LOCAL_WORLD_SIZE"
+    hosts = run.get("rank_hosts") or {}
+    if hosts:
+        per_host: dict[str, int] = {}
+        for rank in ranks:
+            host = hosts.get(str(rank))
+            if host is not None:
+                per_host[host] = per_host.get(host, 0) + 1
+        if per_host:
+            return max(per_host.values()), "hostnames"
+    return 1, "one rank assumed"
+
+
+class LoaderFacts:
+    """The measurements one loader's rules rely on, in ms per batch."""
+
+    def __init__(self, part: dict, data, system: dict | None, run: dict | None, t: Thresholds) -> None:
+        self.name = part["name"]
+        self.part = part
+        self.config = part.get("config") or {}
+        self.workers = self.config.get("num_workers")
+        self.steps = part["steps"]
+        totals = data.totals
+        steps = max(1, totals.steps)
+        self.compute = totals.compute_ns / steps / 1e6
+        self.wait = (totals.wait_ns + totals.epoch_end_wait_ns) / steps / 1e6
+        self.step = self.wait + self.compute
+        self.epochs = max(1, totals.epochs)
+        self.steps_per_epoch = max(1, self.steps / self.epochs)
+        rec = data.records
+        self.first_wait = rec.first_wait.total / rec.first_wait.count / 1e6 if rec and rec.first_wait.count else None
+        steady = rec.steady_wait() if rec else None
+        self.steady_wait = steady.total / steady.count / 1e6 if steady and steady.count else self.wait
+        self.median_wait = (steady.quantile(0.5) or 0) / 1e6 if steady and steady.count else None
+        self.p99_wait = (steady.quantile(0.99) or 0) / 1e6 if steady and steady.count else None
+        self.epoch_end_wait = totals.epoch_end_wait_ns / self.epochs / 1e6
+        # Sampled waits: the training thread's CPU time while it waited for a batch.
+        self.probe_cpu_fraction = (totals.wait_probe_cpu_ns / totals.wait_probe_ns
+                                   if totals.wait_probe_ns > 10_000_000 else None)
+        self.system = system or {}
+        cores = self.system.get("cpu_count") or os.cpu_count() or 1
+        self.ranks_per_host, self.ranks_per_host_source = ranks_per_host(run, part.get("ranks") or [0])
+        self.cores = max(1, cores // self.ranks_per_host)
+        info = (self.system.get("loaders") or {}).get(self.name) or {}
+        self.worker_info = info
+        self.worker_load = info.get("worker_load_ms_mean")
+        self.worker_cpu_fraction = info.get("worker_cpu_fraction")
+        if not self.workers:  # loading on the training thread: the wait is the load
+            self.load = self.steady_wait
+        elif self.worker_load:
+            self.load = self.worker_load
+        else:  # saturated workers deliver one batch per (step time / workers)
+            self.load = (self.workers or 1) * self.step
+        self.cpu_busy = self._cpu_busy(t)
+        # The workers deliver a batch at least as fast as the loop consumes one.
+        self.workers_keep_up = bool(self.workers) and self.load / self.workers <= self.compute * 1.05
+        # Handing over a ready batch: the wait that remains when workers keep up, measured
+        # when the queue had batches ready, else a typical value.
+        queue = info.get("queue_depth_mean")
+        if self.workers and queue and queue >= 1 and self.median_wait is not None:
+            self.transfer = self.median_wait
+        else:
+            self.transfer = t.worker_transfer_ms
+        # The main process's share of a wait, apart from waiting for a worker to finish loading:
+        # with workers, the training thread's CPU time while it waits (sampled, a few waits a
+        # second) is receiving and rebuilding the batch from shared memory; blocked on the queue
+        # it uses none. It does not shrink with more workers.
+        self.main_share = self.steady_wait * self.probe_cpu_fraction \
+            if self.workers and self.probe_cpu_fraction is not None else 0.0
+        self.main_bound = bool(self.workers) and self.probe_cpu_fraction is not None \
+            and self.probe_cpu_fraction >= self._busy_threshold(t) and self.main_share >= t.worker_transfer_ms
+        self.transfer = max(self.transfer, self.main_share)
+        self.respawn = max(0.0, (self.first_wait or 0) - self.steady_wait) if self.workers else 0.0
+        self.startup = self.respawn if self.respawn > 0 else t.worker_startup_ms
+        # Waits in bursts the queue did not absorb (the mean over the median, when bursty).
+        self.bursty = bool(self.workers and self.median_wait is not None and self.p99_wait is not None
+                           and self.p99_wait > t.bursty_p99_factor * max(self.median_wait, 0.05))
+        # Only while the workers keep up on average: otherwise the long waits are slow workers,
+        # which the max(compute, load / workers) term already predicts.
+        self.burst_excess = max(0.0, self.steady_wait - (self.median_wait or 0)) \
+            if self.bursty and self.workers_keep_up else 0.0
+        prefetch = self.config.get("prefetch_factor") or 2
+        self.prefetch_needed = min(t.max_prefetch_factor, max(
+            prefetch * 2, math.ceil(prefetch * (self.p99_wait or 0) / max(self.compute, 1e-3)))) \
+            if self.bursty else prefetch
+        gpu = self.system.get("gpu_util_mean")
+        self.gpu_busy_fraction = gpu / 100 if gpu is not None else None
+
+    def _busy_threshold(self, t: Thresholds) -> float:
+        saturated = (self.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
+        return t.cpu_busy_fraction_saturated if saturated else t.cpu_busy_fraction
+
+    def _cpu_busy(self, t: Thresholds) -> bool | None:
+        """Is loading CPU work (decoding, transforms) rather than waiting (reads, sleeps)?"""
+        iowait = self.system.get("iowait_pct_mean")
+        if iowait is not None and iowait >= t.iowait_high_pct:
+            return False
+        # On a saturated host a CPU-bound fetch is runnable but descheduled much of the time, so
+        # its CPU time over wall time falls; a fetch that sleeps on reads stays near zero.
+        threshold = self._busy_threshold(t)
+        if self.workers and self.worker_cpu_fraction is not None:
+            return self.worker_cpu_fraction >= threshold
+        if self.workers == 0 and self.probe_cpu_fraction is not None:
+            return self.probe_cpu_fraction >= threshold
+        return None
+
+    def workers_needed(self, t: Thresholds) -> int:
+        if self.compute <= 0:
+            return max(1, self.cores - 1)
+        return max(1, math.ceil(self.load / self.compute * t.worker_headroom))
+
+    def evidence(self, **extra) -> dict:
+        out = {"input_wait_fraction": self.part["input_wait_fraction"], "wait_ms": round(self.wait, 3),
+               "compute_ms": round(self.compute, 3), "load_ms": round(self.load, 3),
+               "num_workers": self.workers, "cores": self.cores, "ranks_per_host": self.ranks_per_host}
+        if self.probe_cpu_fraction is not None:
+            out["wait_cpu_fraction"] = round(self.probe_cpu_fraction, 3)
+        if self.worker_cpu_fraction is not None:
+            out["worker_cpu_fraction"] = round(self.worker_cpu_fraction, 3)
+        out.update(extra)
+        return out
+
+
+def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
+    """Predicted loop time per sample-equivalent batch (ms) under `config` (DataLoader
+    arguments) and `what_if` (`load_scale`: loading cost kept; `batch_scale`: samples per
+    step; `handover_ms`: the main process's share of each batch). Divided by batch_scale, so ratios are per-sample speed-ups."""
+    what_if = what_if or {}
+    scale = what_if.get("batch_scale", 1.0)
+    before, after = f.config.get("batch_size"), config.get("batch_size")
+    if isinstance(before, int) and isinstance(after, int) and before > 0:
+        scale *= after / before
+    load = f.load * what_if.get("load_scale", 1.0) * scale
+    # On a GPU only the busy part of a step grows with the batch; launches and Python do not.
+    busy = f.gpu_busy_fraction if f.gpu_busy_fraction is not None else 1.0
+    compute = f.compute * (busy * scale + (1 - busy))
+    workers = config.get("num_workers") or 0
+    if workers == 0:
+        step = compute + load
+    else:
+        step = max(compute, load / workers)
+        if f.cpu_busy:
+            step = max(step, load / f.cores)  # the workers share the host's cores
+        starts = 1 if config.get("persistent_workers") else f.epochs
+        prefetch = config.get("prefetch_factor") or 2
+        current = f.config.get("prefetch_factor") or 2
+        unabsorbed = 1.0 if prefetch <= current else max(
+            0.0, 1 - (prefetch - current) / max(1, f.prefetch_needed - current))
+        step += what_if.get("handover_ms", f.transfer) + f.startup * starts / max(1, f.steps) + f.burst_excess * unabsorbed
+    return step / scale
+
+
+def speedup(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
+    """Measured step now over the predicted step after (both per sample)."""
+    return f.step / max(1e-9, step_ms(f, config, what_if))
