@@ -16,4 +16,6 @@ def mount(app, settings) -> None:
                     assets_folder=str(Path(__file__).with_name("assets")))
     dash_app.layout = root_layout()
     register(dash_app, lambda: app.state.query)
+    from .tuning_panel import register as register_tuning
+    register_tuning(dash_app, lambda: app.state.query)
     app.state.dash = dash_app

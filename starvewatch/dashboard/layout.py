@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dash import dcc, html
 
+from .tuning_panel import card as tuning_card
+
 POLL_MS = 1000
 
 
@@ -48,6 +50,7 @@ def run_page(run_id: str) -> html.Div:
         html.Div([graph("timeline-graph"), graph("fraction-graph"), graph("system-graph"),
                   graph("histogram-graph")], className="sw-grid"),
         html.Div([html.H3("Recommendations"), html.Div(id="recommendations")], className="sw-card"),
+        tuning_card(),
         html.Div([html.H3("DataLoader workers"), html.Div(id="workers")], className="sw-card"),
         html.Div([html.H3("Ranks"), html.Div(id="ranks")], className="sw-card", id="ranks-card"),
         html.Div([html.H3("Loader configuration"), html.Div(id="config")], className="sw-card"),

@@ -74,6 +74,7 @@ def to_markdown(summary: dict) -> str:
     for i, r in enumerate(summary["recommendations"], 1):
         what = f"`{r['parameter']}={r['suggested']!r}` (now `{r['current']!r}`)" if r["parameter"] else f"{r['suggested']}"
         gain = f", expected {r['expected_speedup']:.2f}x" if r.get("expected_speedup") else ""
+        gain += " (measured by starvewatch tune)" if r.get("measured") else ""
         lines.append(f"{i}. **{r['loader']}**: {what}{gain}. {r['reason']}.")
         lines.append(f"   Evidence: `{json.dumps(r['evidence'], default=str)}`")
     for l in summary["loaders"]:
@@ -87,6 +88,8 @@ def to_markdown(summary: dict) -> str:
                          f"{s.get('epoch')} ({'ended' if s.get('ended_ns') else 'still going'})")
     if summary.get("verification"):
         lines += ["", "## Verify after change", "", compare_table(None, summary, summary["verification"])]
+    from .tuning import markdown as tuning_markdown
+    lines += tuning_markdown(summary.get("tuning"))
     lines += ["", "## Loader configuration", ""]
     for l in summary["loaders"]:
         lines.append(f"- {l['name']}: `{json.dumps(l.get('config'), default=str)}`")

@@ -10,6 +10,7 @@ import orjson
 
 from .analysis import iso, summarize
 from .store import Store
+from .tuning import with_tuning
 
 STATUSES = ("live", "stalled", "finished", "lost")
 
@@ -92,8 +93,15 @@ class Query:
     def summary(self, run_id: str, rank: int | None = None) -> dict:
         meta = self.run_meta(run_id)
         loaders = self.store.loader_data(run_id, rank)
-        return summarize(meta, loaders, stalls=self.stalls(run_id), system=self.system_overview(run_id),
-                         previous=self.previous_summary(meta))
+        summary = summarize(meta, loaders, stalls=self.stalls(run_id), system=self.system_overview(run_id),
+                            previous=self.previous_summary(meta))
+        return with_tuning(summary, self.store.latest_tuning(run_id))
+
+    @cached(per_run=True)
+    def tuning(self, run_id: str) -> dict | None:
+        """The latest `starvewatch tune` results stored with the run (None: never tuned)."""
+        self._row(run_id)
+        return self.store.latest_tuning(run_id)
 
     def previous_summary(self, meta: dict) -> dict | None:
         """The latest earlier run with the same name (for verify-after-change)."""
@@ -105,7 +113,8 @@ class Query:
         if row is None:
             return None
         prev_meta = self.run_meta(row[0])
-        return summarize(prev_meta, self.store.loader_data(row[0]), system=self.system_overview(row[0]))
+        summary = summarize(prev_meta, self.store.loader_data(row[0]), system=self.system_overview(row[0]))
+        return with_tuning(summary, self.store.latest_tuning(row[0]))
 
     def system_overview(self, run_id: str) -> dict | None:
         """Averages of the host, GPU and worker samples over the run (None when there are none)."""
