@@ -7,6 +7,7 @@ accepted too and rebuilt from its own arguments.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from dataclasses import asdict, dataclass
@@ -71,7 +72,6 @@ def load_factory(spec: str):
     if not sep or not module_name or not attr:
         raise FactoryError(f"{spec!r} is not module:factory (for example train:make_loader)")
     if module_name.endswith(".py") or os.sep in module_name:
-        import importlib.util
         path = os.path.abspath(module_name)
         if not os.path.exists(path):
             raise FactoryError(f"no file {path}")

@@ -10,11 +10,11 @@ import shutil
 import time
 
 from .answer import CONSUMPTION_MARGIN, WITHIN_BEST, choose, rate
-from .config import LoaderConfig
+from .config import LoaderConfig, build
 from .trial import TrialResult, run_trial
 
-PLANNED_TRIALS = 10        # a budget is split into about this many trial slots
-MIN_SLOT_S, MAX_SLOT_S = 0.25, 8.0
+PLANNED_TRIALS = 12        # a budget is split into about this many trial slots
+MIN_SLOT_S, MAX_SLOT_S = 0.5, 8.0
 MAX_WORKERS = 64
 DOUBLING_GAIN = 1.05       # a doubling must buy 5% more throughput to go on doubling
 PREFETCH_GAIN = 1.03
@@ -36,6 +36,13 @@ def free_memory() -> tuple[int, int | None]:
     if limit:
         free = min(free, max(0, limit - shm.used))
     return ram, free
+
+
+def human_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}" if n < 10 * size else f"{n / size:,.0f} {unit}"
+    return f"{n:.0f} bytes"
 
 
 class MemoryModel:
@@ -64,7 +71,7 @@ class MemoryModel:
         if not cfg.num_workers:
             return None, ram, shm
         free_ram, free_shm = free_memory()
-        mib = lambda n: f"{n / 2**20:,.0f} MiB"  # noqa: E731
+        mib = human_bytes
         per_worker = (f"{cfg.num_workers} workers x {mib(self.worker_uss_bytes)}"
                       if self.worker_uss_bytes else "worker memory not measured yet")
         if free_shm is not None and shm > MEMORY_HEADROOM * free_shm:
@@ -118,7 +125,7 @@ class Tuner:
         now = time.perf_counter()
         reserve = self._per_batch_s() + 0.05 if cfg.num_workers else 0.02
         available = self.end - now - reserve
-        if available < max(0.15, self._spawn_s(cfg.num_workers) + 0.1) or available < 0.3 * self.slot_s:
+        if available < self._spawn_s(cfg.num_workers) + 0.5 * self.slot_s:
             self.out_of_budget = True
             self.log(f"  budget spent: {cfg.label()} and any later trial not measured")
             return None
@@ -127,11 +134,11 @@ class Tuner:
             trial = TrialResult(cfg, status="skipped", reason=reason, predicted_ram_bytes=ram,
                                 predicted_shm_bytes=shm)
         else:
-            deadline = now + min(self.slot_s, available)
-            kill_at = min(deadline + max(0.3, 2 * self._per_batch_s()), self.hard_end - 0.05)
-            trial = run_trial(self.factory, cfg, deadline, max(deadline, kill_at),
-                              min_window_s=min(3.0, max(0.1, 0.4 * self.slot_s)), on_tick=self.tick,
-                              device=self.device)
+            # The slot is for the measurement; start-up and warm-up come on top, within the budget.
+            deadline = now + min(available, 2 * self.slot_s + 2 * self._spawn_s(cfg.num_workers))
+            trial = run_trial(self.factory, cfg, deadline, measure_s=self.slot_s,
+                              grace_s=max(0.3, 2 * self._per_batch_s()), hard_end=self.hard_end - 0.05,
+                              on_tick=self.tick, device=self.device)
             trial.predicted_ram_bytes, trial.predicted_shm_bytes = ram, shm
             self.memory.learn(trial)
         self.trials.append(trial)
@@ -154,6 +161,7 @@ class Tuner:
         self.start = time.perf_counter()
         self.end = self.start + self.budget_s
         self.hard_end = self.start + self.budget_s * OVERRUN
+        build(self.factory, LoaderConfig(1, 2))  # a factory that ignores its arguments fails now
         self._workers()
         self._refine()
         self._prefetch()
@@ -180,6 +188,8 @@ class Tuner:
             trial = self.measure(LoaderConfig(workers, 2))
             if trial is None or trial.status == "skipped":
                 return  # more workers need more memory still
+            if not trial.usable:
+                return  # no figure within its time: more workers would take longer still
             if trial.usable:
                 if needed and rate(trial) >= needed:
                     return

@@ -14,11 +14,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .config import LoaderConfig, build
+from .config import FactoryError, LoaderConfig, build
 
 MONITOR_TICK_S = 0.1
 MEMORY_SAMPLE_S = 0.4
-STABLE_SPREAD = 0.03  # the window's two halves agree within 3%: the figure is stable
+STABLE_SPREAD = 0.03
+MIN_WINDOW_BATCHES = 3    # fewer batches than this after the warm-up give no figure  # the window's two halves agree within 3%: the figure is stable
 
 
 @dataclass
@@ -47,7 +48,8 @@ class TrialResult:
 
     @property
     def usable(self) -> bool:
-        return self.batches_per_s is not None and self.status in ("measured", "cut_short") and self.window_batches > 0
+        return self.batches_per_s is not None and self.status in ("measured", "cut_short") \
+            and self.window_batches >= MIN_WINDOW_BATCHES
 
     def epoch_batches_per_s(self) -> float | None:
         """Throughput over a whole epoch: what restarting the workers at every epoch costs."""
@@ -167,10 +169,12 @@ def _forget_worker_pids(iterator) -> None:
 
 
 class _Consumer(threading.Thread):
-    def __init__(self, loader, result: TrialResult, deadline: float, min_window_s: float,
+    def __init__(self, loader, result: TrialResult, deadline: float, measure_s: float, min_window_s: float,
                  procs: _Processes, device=None) -> None:
         super().__init__(daemon=True, name="starvewatch-tune-consumer")
         self.loader, self.result, self.deadline, self.min_window_s = loader, result, deadline, min_window_s
+        self.measure_s = measure_s
+        self.hard_deadline = deadline
         self.procs = procs
         self.stop = threading.Event()
         self.iterator = None
@@ -218,6 +222,9 @@ class _Consumer(threading.Thread):
         self.iterator = iter(self.loader)
         first = self._next()
         r.startup_s = time.perf_counter() - t0
+        # Warm-up and measurement each get their time after the workers have started (the
+        # main thread reads the new deadline).
+        self.deadline = min(self.deadline, time.perf_counter() + self.measure_s)
         r.batch_bytes = batch_nbytes(first)
         r.samples_per_batch = self.loader.batch_size or batch_samples(first)
         try:
@@ -232,6 +239,7 @@ class _Consumer(threading.Thread):
         while r.warmup_batches < warm_batches or time.perf_counter() < warm_until:
             self._step()
             r.warmup_batches += 1
+        self.deadline = min(self.hard_deadline, time.perf_counter() + self.measure_s)
         cpu_start, start = self.procs.cpu_s(), time.perf_counter()
         stamps: list[float] = []
         excluded = 0.0
@@ -311,29 +319,33 @@ def _to_device(batch, device, non_blocking: bool):
     return batch
 
 
-def run_trial(factory, config: LoaderConfig, deadline: float, kill_at: float, min_window_s: float,
-              on_tick=None, device=None) -> TrialResult:
-    """Measure one configuration until `deadline` (perf_counter); workers still alive at
-    `kill_at` are killed. `on_tick()` is called about every 0.1 s (the progress bar)."""
+def run_trial(factory, config: LoaderConfig, deadline: float, measure_s: float, grace_s: float,
+              hard_end: float, on_tick=None, device=None) -> TrialResult:
+    """Measure one configuration for `measure_s` after its first batch, never past `deadline`
+    (perf_counter). Workers still busy `grace_s` after the trial's end (and never later than
+    `hard_end`) are killed. `on_tick()` is called about every 0.1 s (the progress bar)."""
+    min_window_s = min(3.0, max(0.1, 0.5 * measure_s))
     started = time.perf_counter()
     result = TrialResult(config)
     procs = _Processes()
     try:
         loader = build(factory, config)
+    except FactoryError:
+        raise  # the factory is wrong for every configuration: the user must fix it
     except Exception as exc:
         result.status, result.reason = "failed", f"{type(exc).__name__}: {exc}"
         result.duration_s = time.perf_counter() - started
         return result
-    consumer = _Consumer(loader, result, deadline, min_window_s, procs, device)
+    consumer = _Consumer(loader, result, deadline, measure_s, min_window_s, procs, device)
     consumer.start()
     next_memory = time.perf_counter() + 0.15
     while not consumer.done.wait(MONITOR_TICK_S):
         now = time.perf_counter()
         if on_tick:
             on_tick()
-        if now >= deadline:
+        if now >= consumer.deadline:
             consumer.stop.set()
-        if now >= kill_at:
+        if now >= min(consumer.deadline + grace_s, hard_end):
             break
         if config.num_workers and now >= next_memory:
             uss = procs.max_uss()
