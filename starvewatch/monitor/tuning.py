@@ -98,7 +98,9 @@ def with_tuning(summary: dict, tuning: dict | None) -> dict:
                         and r.get("kind", "speedup") != "protective")
         (replaced if model_advice else keep).append(r)
     info["replaced"] = [f"{r['parameter']}={r['suggested']!r}" for r in replaced]
-    changes = [(p, current[p], suggested[p]) for p in TUNED_PARAMETERS if current[p] != suggested[p]]
+    changes = [(p, current[p], suggested[p]) for p in TUNED_PARAMETERS if current[p] != suggested[p]
+               # torch's default queue depth comes with the workers: no advice of its own
+               and not (p == "prefetch_factor" and current[p] is None and suggested[p] == 2)]
     info["status"] = "recommended" if changes else "current"
     if changes and measured:
         keep.extend(_measured_recs(part, tuning, answer, measured, changes, replaced))
