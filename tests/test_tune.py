@@ -136,6 +136,20 @@ def test_answer_rule():
     assert choose([TrialResult(LoaderConfig(2), status="skipped", reason="x")], None)[0] is None
 
 
+def test_persistent_workers_only_when_resuming_saves_a_measurable_share_of_an_epoch():
+    def pair(epoch_batches):
+        off = _trial(2, 100.0)
+        off.startup_s, off.epoch_batches = 0.5, epoch_batches
+        on = TrialResult(LoaderConfig(2, 2, True), batches_per_s=99.0, window_batches=10, startup_s=0.5,
+                         restart_s=0.01, epoch_batches=epoch_batches, worker_uss_bytes=100 << 20,
+                         batch_bytes=1 << 20)
+        return [_trial(0, 20), off, on]
+    # 100-batch epochs last 1 s: spawning every epoch costs 0.5 s of it.
+    assert choose(pair(100), None)[0].config.persistent_workers is True
+    # 100,000-batch epochs: 0.5 s is 0.05% of the epoch; the 1% faster steady figure is noise.
+    assert choose(pair(100_000), None)[0].config.persistent_workers is False
+
+
 def test_snippet_is_ready_to_paste():
     assert snippet(LoaderConfig(3, 4, True), 64) == \
         "DataLoader(dataset, batch_size=64, num_workers=3, prefetch_factor=4, persistent_workers=True)"

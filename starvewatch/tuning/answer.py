@@ -22,8 +22,35 @@ def memory_bytes(trial) -> float:
     return cfg.num_workers * (trial.worker_uss_bytes or 0) + in_flight
 
 
+PERSISTENT_MIN_SAVING = 0.01  # persistent workers must save 1% of an epoch's time to be worth holding
+
+
+def restart_s(trial) -> float | None:
+    """What starting an epoch costs: spawning the workers, or resuming persistent ones."""
+    return trial.restart_s if trial.config.persistent_workers else trial.startup_s
+
+
+def _persistence(pick, trials: list):
+    """persistent_workers only when it measurably pays: resuming the workers instead of
+    spawning them saves at least 1% of an epoch. The steady throughput of the two is the
+    same loader's; which one measured higher is noise."""
+    if pick is None or not pick.config.num_workers:
+        return pick
+    on = next((t for t in trials if t.usable and t.config == pick.config.replace(persistent_workers=True)), None)
+    off = next((t for t in trials if t.usable and t.config == pick.config.replace(persistent_workers=False)), None)
+    if on is None or off is None or on.restart_s is None or not off.startup_s or not off.epoch_batches:
+        return pick
+    epoch_s = off.epoch_batches / off.batches_per_s
+    return on if (off.startup_s - on.restart_s) / epoch_s >= PERSISTENT_MIN_SAVING else off
+
+
 def choose(trials: list, consumption_batches_per_s: float | None):
     """(answer trial or None, one sentence saying why)."""
+    pick, why = _choose(trials, consumption_batches_per_s)
+    return _persistence(pick, trials), why
+
+
+def _choose(trials: list, consumption_batches_per_s: float | None):
     usable = [t for t in trials if t.usable]
     if not usable:
         return None, "no configuration could be measured within the budget"
@@ -52,12 +79,16 @@ def _mib(n) -> str:
     return "n/a" if not n else f"{n / 2**20:.0f} MiB"
 
 
+def _ms(seconds) -> str:
+    return "n/a" if seconds is None else f"{1000 * seconds:.0f}"
+
+
 def _num(x, digits=1) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
 def table(trials: list, answer=None) -> str:
-    header = (f"  {'configuration':<58} {'batches/s':>10} {'samples/s':>10} {'epoch b/s':>10} "
+    header = (f"  {'configuration':<58} {'batches/s':>10} {'samples/s':>10} {'start ms':>9} "
               f"{'worker mem':>10} {'CPU %':>6}  note")
     lines = [header]
     for t in trials:
@@ -69,7 +100,7 @@ def table(trials: list, answer=None) -> str:
         if t.status == "measured" and t.spread is not None and t.spread > 0.1:
             note = f"unsteady ({100 * t.spread:.0f}% between halves)"
         lines.append(f"{mark} {t.config.label():<58} {_num(t.batches_per_s):>10} {_num(t.samples_per_s):>10} "
-                     f"{_num(t.epoch_batches_per_s()):>10} {_mib(t.worker_uss_bytes):>10} {_num(t.cpu_pct, 0):>6}  "
+                     f"{_ms(restart_s(t)):>9} {_mib(t.worker_uss_bytes):>10} {_num(t.cpu_pct, 0):>6}  "
                      f"{note}".rstrip())
     return "\n".join(lines)
 

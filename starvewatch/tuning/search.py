@@ -13,7 +13,7 @@ from .answer import CONSUMPTION_MARGIN, WITHIN_BEST, choose, rate
 from .config import LoaderConfig, build
 from .trial import TrialResult, run_trial
 
-PLANNED_TRIALS = 12        # a budget is split into about this many trial slots
+PLANNED_TRIALS = 15        # a budget is split into about this many trial slots
 MIN_SLOT_S, MAX_SLOT_S = 0.5, 8.0
 MAX_WORKERS = 64
 DOUBLING_GAIN = 1.05       # a doubling must buy 5% more throughput to go on doubling

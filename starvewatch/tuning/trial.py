@@ -58,6 +58,7 @@ class TrialResult:
         restart = self.restart_s if self.config.persistent_workers else (self.startup_s or 0.0)
         if not self.epoch_batches or restart is None or not self.config.num_workers:
             return self.batches_per_s
+        # An epoch of E batches: E at the steady rate, plus the epoch's start.
         return self.epoch_batches / (self.epoch_batches / self.batches_per_s + restart)
 
     def to_dict(self) -> dict:
