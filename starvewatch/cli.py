@@ -149,7 +149,7 @@ def cmd_tune(args) -> int:
                       run_name=args.run, loader=args.loader)
     except (FactoryError, CollectorError, TrialFailed) as exc:
         return fail(str(exc))
-    return EXIT_OK if result.answer is not None else EXIT_ERROR
+    return EXIT_OK if result.answer is not None and result.stored is not False else EXIT_ERROR
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> int:

@@ -37,6 +37,7 @@ class TuneResult:
     run_id: str | None = None
     loader: str | None = None
     notes: list[str] = field(default_factory=list)
+    stored: bool | None = None              # with a run: whether the collector took the results
 
     @property
     def config(self) -> LoaderConfig | None:
@@ -177,9 +178,10 @@ def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None 
             trials = tuner.run()
             if current is not None and tuner._find(current) is None and not tuner.out_of_budget:
                 tuner.measure(current)  # the baseline, when time is left
-        finally:
-            if collector is not None and run is None:
+        except BaseException:
+            if collector is not None:
                 collector.close()
+            raise
     answer, rule = choose(trials, consumption_batches_per_s)
     sample = next((t for t in trials if t.samples_per_batch), None)
     batch_size = getattr(getattr(factory, "source", None), "batch_size", None) or (
@@ -192,9 +194,14 @@ def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None 
     write("")
     write(result.report())
     if collector is not None:
+        from .remote import CollectorError
         try:
             collector.store_tuning(run["id"], result.to_dict())
+            result.stored = True
             write(f"stored with run {run['id']}: {collector.url}/runs/{run['id']}")
+        except CollectorError as exc:  # the measurements are still worth having
+            result.stored = False
+            print(f"starvewatch tune: the results were not stored with run {run['id']}: {exc}", file=sys.stderr)
         finally:
             collector.close()
     return result

@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class LoaderConfig:
     """The DataLoader arguments the tuner varies. prefetch_factor and persistent_workers only
     exist with workers (torch refuses them with num_workers=0): normalized here."""
