@@ -183,7 +183,7 @@ class Tuner:
         if needed and zero is not None and zero.usable and rate(zero) >= needed:
             return  # the training thread alone keeps up: no worker needed
         best = rate(zero) if zero is not None and zero.usable else 0.0
-        workers = 1
+        workers, misses = 1, 0
         while workers <= MAX_WORKERS and not self.out_of_budget:
             trial = self.measure(LoaderConfig(workers, 2))
             if trial is None or trial.status == "skipped":
@@ -193,8 +193,12 @@ class Tuner:
             if trial.usable:
                 if needed and rate(trial) >= needed:
                     return
-                if rate(trial) < best * DOUBLING_GAIN and workers >= 2:
-                    return  # doubling stopped paying: refinement looks between
+                if workers >= 2:
+                    # Two doublings in a row that did not pay: refinement looks between. (One
+                    # could be noise, or a hand-over cost that more workers then amortize.)
+                    misses = misses + 1 if rate(trial) < best * DOUBLING_GAIN else 0
+                    if misses >= 2:
+                        return
                 best = max(best, rate(trial))
             workers *= 2
 

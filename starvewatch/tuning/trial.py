@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from .config import FactoryError, LoaderConfig, build
 
 MONITOR_TICK_S = 0.1
-MEMORY_SAMPLE_S = 0.4
+MEMORY_SAMPLE_S = 1.0  # a couple of workers' USS per second: smaps reads are not free
 STABLE_SPREAD = 0.03
 MIN_WINDOW_BATCHES = 3    # fewer batches than this after the warm-up give no figure  # the window's two halves agree within 3%: the figure is stable
 
@@ -109,12 +109,32 @@ class _Processes:
         self.me = psutil.Process()
         self.before = {p.pid for p in self.me.children()}
         self.seen: dict[int, object] = {}
+        self.lock = threading.Lock()  # the consumer thread adds workers, the monitor reads them
 
-    def workers(self) -> list:
+    def track(self, iterator) -> None:
+        """The workers' pids as the iterator knows them: no scan of every process."""
+        pids = [getattr(w, "pid", None) for w in getattr(iterator, "_workers", None) or ()]
+        for pid in pids:
+            if isinstance(pid, int) and pid not in self.seen:
+                try:
+                    proc = self.psutil.Process(pid)
+                except self.psutil.Error:
+                    continue
+                with self.lock:
+                    self.seen[pid] = proc
+
+    def scan(self) -> None:
+        """Find new children by scanning (reads every process's stat: not in the hot loop)."""
         for child in self.me.children():
             if child.pid not in self.before and child.pid not in self.seen:
-                self.seen[child.pid] = child
-        return list(self.seen.values())
+                with self.lock:
+                    self.seen[child.pid] = child
+
+    def workers(self) -> list:
+        if not self.seen:
+            self.scan()
+        with self.lock:
+            return list(self.seen.values())
 
     def cpu_s(self) -> float:
         total = 0.0
@@ -126,9 +146,14 @@ class _Processes:
                 pass
         return total
 
-    def max_uss(self) -> int | None:
+    def max_uss(self, limit: int = 2) -> int | None:
+        """The largest USS of a few workers (reading smaps costs; the workers are alike)."""
         best = None
-        for proc in self.workers():
+        workers = self.workers()
+        if workers:
+            self._rotation = (getattr(self, "_rotation", -1) + 1) % len(workers)
+            workers = (workers[self._rotation:] + workers[:self._rotation])[:limit]
+        for proc in workers:
             try:
                 uss = proc.memory_full_info().uss
             except self.psutil.Error:
@@ -137,8 +162,9 @@ class _Processes:
         return best
 
     def alive(self) -> list:
+        self.scan()  # also any worker the iterator did not list
         out = []
-        for proc in self.seen.values():
+        for proc in self.workers():
             try:
                 if proc.is_running() and proc.status() != self.psutil.STATUS_ZOMBIE:
                     out.append(proc)
@@ -223,6 +249,7 @@ class _Consumer(threading.Thread):
         self.iterator = iter(self.loader)
         first = self._next()
         r.startup_s = time.perf_counter() - t0
+        self.procs.track(self.iterator)
         # Warm-up and measurement each get their time after the workers have started (the
         # main thread reads the new deadline).
         self.deadline = min(self.deadline, time.perf_counter() + self.measure_s)
@@ -287,6 +314,7 @@ class _Consumer(threading.Thread):
                 _shutdown(self.loader, self.iterator)
             self.iterator = iter(self.loader)
             self._next()
+            self.procs.track(self.iterator)
             return time.perf_counter() - t
 
 
