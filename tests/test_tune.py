@@ -233,3 +233,15 @@ def test_cli_prints_the_table_and_the_dataloader_call(tmp_path):
     usage = subprocess.run([sys.executable, "-m", "starvewatch", "tune", "mytrain:make_loader", "--budget", "-1"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert usage.returncode == 2 and "--budget" in usage.stderr
+
+
+def test_throughput_is_the_best_third_of_the_window():
+    from starvewatch.tuning.trial import _best_segment_rate
+    steady = [0.01 * i for i in range(1, 301)]  # 100 batches/s for 3 s
+    assert _best_segment_rate(steady, 0.0) == pytest.approx(100, rel=0.02)
+    # Another process took the core during the middle second: 25 batches/s there.
+    slowed = [0.01 * i for i in range(1, 101)] + [1 + 0.04 * i for i in range(1, 26)] + \
+        [2 + 0.01 * i for i in range(1, 101)]
+    assert _best_segment_rate(slowed, 0.0) == pytest.approx(100, rel=0.02)
+    assert len(slowed) / slowed[-1] == pytest.approx(75, rel=0.02)  # what the whole window says
+    assert _best_segment_rate(steady[:30], 0.0) is None  # too few batches for thirds to mean anything
