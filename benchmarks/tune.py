@@ -2,7 +2,8 @@
 
     python -m benchmarks.tune [--budget 60] [--sweep-s 3] [--repeats 3] [--only io cpu bursty]
 
-For an I/O-bound dataset (sleeping __getitem__), a CPU-bound one and a bursty one:
+For an I/O-bound dataset (sleeping __getitem__), a CPU-bound one and a bursty one (and, with
+`--only periodic`, a hard case whose throughput is not monotonic in the workers count):
 
 1. the exhaustive sweep: num_workers in 0, 1, 2, 3, 4, 6, 8, 12, 16 x prefetch_factor 2 and 4,
    each measured `--repeats` times for `--sweep-s` seconds (best kept), in rounds so that the
@@ -13,7 +14,8 @@ For an I/O-bound dataset (sleeping __getitem__), a CPU-bound one and a bursty on
 
 Checks: without a consumption rate the answer reaches 90% of the sweep's best; with one it
 covers consumption x 1.2 with no more workers than the sweep says are needed; every tuner
-call ends within its budget + 5%. Writes benchmarks/results/tune.json and tune.md.
+call ends within its budget + 5%. Writes benchmarks/results/tune.json and tune.md
+(tune-<datasets>.* with --only).
 """
 from __future__ import annotations
 
@@ -65,7 +67,22 @@ class CPUBound(Dataset):
 
 
 class Bursty(Dataset):
-    """Mostly fast items (0.5 ms), but one batch in 16 hits a slow shard (80 ms)."""
+    """Mostly fast items (0.5 ms), but one item in 128, at random (seeded), hits cold storage
+    (80 ms): waits come in bursts."""
+
+    def __len__(self):
+        return 1_000_000
+
+    def __getitem__(self, i):
+        slow = (i * 2654435761) % 2**32 < 2**32 // 128  # a fixed pseudo-random 1/128 of the items
+        time.sleep(0.08 if slow else 0.0005)
+        return torch.zeros(64)
+
+
+class Periodic(Dataset):
+    """A hard case: one batch in 16 is slow (80 ms). DataLoader hands batches to workers in
+    turn, so with 8 or 16 workers every slow batch lands on the same worker: throughput is not
+    monotonic in the workers count."""
 
     def __len__(self):
         return 1_000_000
@@ -75,7 +92,8 @@ class Bursty(Dataset):
         return torch.zeros(64)
 
 
-DATASETS = {"io": IOBound, "cpu": CPUBound, "bursty": Bursty}
+DATASETS = {"io": IOBound, "cpu": CPUBound, "bursty": Bursty, "periodic": Periodic}
+DEFAULT_DATASETS = ["io", "cpu", "bursty"]
 BATCH_SIZE = 8
 
 
@@ -197,12 +215,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=str(RESULTS), help="directory for tune.json and tune.md")
     args = parser.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731
-    results = [bench(name, args, log) for name in (args.only or ["io", "cpu", "bursty"])]
+    names = args.only or DEFAULT_DATASETS
+    results = [bench(name, args, log) for name in names]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tune.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
+    stem = "tune" if names == DEFAULT_DATASETS else "tune-" + "-".join(names)
+    (out / f"{stem}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
     table = markdown(results, args)
-    (out / "tune.md").write_text(table)
+    (out / f"{stem}.md").write_text(table)
     print(table)
     for r in results:
         print(f"[{r['dataset']}] tuner without a rate:\n{r['without_consumption']['table']}\n")
