@@ -12,7 +12,7 @@ from .hooks.session import finish, init, watch
 from .schema import SUMMARY_SCHEMA
 from .version import __version__
 
-__all__ = ["init", "watch", "step", "phase", "finish", "SUMMARY_SCHEMA", "__version__"]
+__all__ = ["init", "watch", "step", "phase", "finish", "tune", "SUMMARY_SCHEMA", "__version__"]
 
 
 def step(loader=None):
@@ -29,3 +29,14 @@ def step(loader=None):
 def phase(name: str):
     """Time a finer phase of the current step (h2d, forward, backward, optimizer...)."""
     return _PhaseTimer(name)
+
+
+def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None = None,
+         run_name: str | None = None, **options):
+    """Measure DataLoader configurations on this machine within `budget_s` and pick one.
+
+    `factory` builds the DataLoader from keyword arguments (num_workers, prefetch_factor,
+    persistent_workers, pin_memory); a DataLoader is accepted too. See starvewatch.tuning.tune.
+    """
+    from .tuning import tune as _tune
+    return _tune(factory, budget_s, consumption_batches_per_s, run_name, **options)

@@ -17,6 +17,8 @@ EXAMPLES = """examples:
   starvewatch export RUN --format csv --spool ~/.starvewatch/spool   (offline)
   starvewatch compare RUN_A RUN_B  what changed, and did the fix work
   starvewatch doctor               NVML, torch/CUDA, /dev/shm, collector: with fixes
+  starvewatch tune train:make_loader --budget 60 --run train
+                                   measure DataLoader settings on this machine
 
 exit codes: 0 ok, 1 error (unknown run, unreachable collector...), 2 usage, 3 doctor found problems
 """
@@ -133,6 +135,21 @@ def cmd_doctor(args) -> int:
             print(f"    fix: {fix}")
         problems += 0 if ok else 1
     return EXIT_OK if problems == 0 else EXIT_PROBLEMS
+
+
+def cmd_tune(args) -> int:
+    from .tuning import FactoryError, TrialFailed, tune
+    from .tuning.remote import CollectorError
+    if args.budget <= 0:
+        return fail("--budget must be a positive number of seconds", EXIT_USAGE)
+    if args.consumption is not None and args.consumption <= 0:
+        return fail("--consumption must be a positive number of batches per second", EXIT_USAGE)
+    try:
+        result = tune(args.factory, budget_s=args.budget, consumption_batches_per_s=args.consumption,
+                      run_name=args.run, loader=args.loader)
+    except (FactoryError, CollectorError, TrialFailed) as exc:
+        return fail(str(exc))
+    return EXIT_OK if result.answer is not None and result.stored is not False else EXIT_ERROR
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> int:
@@ -284,6 +301,20 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("after")
     source_options(cmp)
     cmp.set_defaults(func=cmd_compare)
+
+    tun = sub.add_parser("tune", help="measure DataLoader settings on this machine and pick one",
+                         description="Builds the loader with each configuration tried (num_workers, "
+                         "prefetch_factor, persistent_workers, pin_memory with CUDA), measures its "
+                         "throughput without training, and prints a table and a DataLoader(...) call.")
+    tun.add_argument("factory", help="module:function (or file.py:function) that builds the DataLoader from "
+                     "keyword arguments, or module:name of a DataLoader")
+    tun.add_argument("--budget", type=float, default=60.0, metavar="SECONDS", help="time budget (default 60)")
+    tun.add_argument("--consumption", type=float, metavar="BATCHES_PER_S",
+                     help="batches/s the training consumes (default: from --run, else none)")
+    tun.add_argument("--run", metavar="NAME", help="a watched run: its compute per batch is the consumption, "
+                     "and the results are stored with it in the collector")
+    tun.add_argument("--loader", help="which of the run's loaders (default: its first)")
+    tun.set_defaults(func=cmd_tune)
 
     doc = sub.add_parser("doctor", help="check NVML, torch and CUDA, /dev/shm, the collector")
     doc.add_argument("--dir", help="data directory (default STARVEWATCH_DIR or ~/.starvewatch)")

@@ -21,6 +21,8 @@ def mount(app, settings) -> None:
     # such as /runs/ID or /compare?a=&b= as a fresh collector's first page would be served
     # without its stylesheet. Do it now, once, before any request.
     dash_app._setup_server()
+    from .tuning_panel import register as register_tuning
+    register_tuning(dash_app, lambda: app.state.query)
     app.state.dash = dash_app
     # Added after Dash's own middleware, so it runs before it.
     app.add_middleware(CallbackRequestCheck, dash_app=dash_app)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dash import dcc, html
 
 from ..ids import url_segment
+from .tuning_panel import card as tuning_card
 
 POLL_MS = 1000
 
@@ -49,6 +50,7 @@ def run_page(run_id: str) -> html.Div:
         html.Div(id="advice"),
         html.Div(id="kpis", className="sw-kpis"),
         html.Div([html.H3("Loader configuration"), html.Div(id="config")], className="sw-card"),
+        tuning_card(),
         html.Div([html.Span("Charts for loader: "),
                   dcc.Dropdown(id="loader-select", clearable=False, style={"width": "240px", "display": "inline-block"})],
                  className="sw-card"),

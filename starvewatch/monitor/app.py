@@ -189,6 +189,26 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
             raise HTTPException(404, f"unknown event kind {kind!r}: samples, workers or stalls")
         return FastJSONResponse({"events": state["query"].events(run_id, kind, since_ns=since_ns, limit=limit)})
 
+    @app.post("/api/v1/runs/{run_id}/tuning")
+    async def store_tuning(run_id: str, request: Request):
+        from .tuning import TuningDocument
+        body = await read_json_body(request, settings)
+        try:
+            document = TuningDocument.model_validate_json(body)
+        except ValidationError as exc:
+            raise HTTPException(422, f"invalid tuning results: {_describe_validation(exc)}") from None
+        if not await run_in_threadpool(state["store"].save_tuning, run_id, document.model_dump()):
+            raise NotFound(f"unknown run id {run_id!r}")
+        return {"stored": True, "run_id": run_id}
+
+    @app.get("/api/v1/runs/{run_id}/tuning")
+    def tuning(run_id: str):
+        document = state["query"].tuning(run_id)
+        if document is None:
+            raise NotFound(f"run {run_id!r} has no tuning results: `starvewatch tune module:factory "
+                           f"--run NAME` measures and stores them")
+        return FastJSONResponse(document)
+
     @app.get("/api/v1/runs/{run_id}/export")
     def export_run(run_id: str, format: str = Q("json", pattern="^(json|csv|md|html)$")):
         from .export import csv_chunks, export_text

@@ -97,6 +97,7 @@ def to_markdown(summary: dict) -> str:
     for i, r in enumerate(summary["recommendations"], 1):
         what = f"`{r['parameter']}={r['suggested']!r}` (now `{r['current']!r}`)" if r["parameter"] else f"{r['suggested']}"
         gain = f", expected {r['expected_speedup']:.2f}x" if r.get("expected_speedup") else ""
+        gain += " (measured by starvewatch tune)" if r.get("measured") else ""
         risk = f" Protects against: {r['risk']}." if r.get("kind") == "protective" and r.get("risk") else ""
         label = " (protective)" if r.get("kind") == "protective" else ""
         lines.append(f"{i}. **{r['loader']}**{label}: {what}{gain}. {r['reason']}.{risk}")
@@ -114,6 +115,8 @@ def to_markdown(summary: dict) -> str:
         lines += ["", "## Verify after change", "", compare_table(None, summary, summary["verification"])]
     from .stragglers import markdown_lines
     lines += markdown_lines(summary.get("stragglers"))
+    from .tuning import markdown as tuning_markdown
+    lines += tuning_markdown(summary.get("tuning"))
     lines += ["", "## Loader configuration", ""]
     for l in summary["loaders"]:
         lines.append(f"- {l['name']}: `{json.dumps(l.get('config'), default=str)}`")

@@ -10,6 +10,7 @@ import orjson
 
 from .analysis import iso, summarize
 from .store import Store
+from .tuning import with_tuning
 
 STATUSES = ("live", "stalled", "finished", "lost")
 
@@ -96,7 +97,13 @@ class Query:
                             system=self.system_overview(run_id, rank), previous=self.previous_summary(meta))
         if rank is None:
             summary["stragglers"] = self.stragglers(run_id)
-        return summary
+        return with_tuning(summary, self.store.latest_tuning(run_id))
+
+    @cached(per_run=True)
+    def tuning(self, run_id: str) -> dict | None:
+        """The latest `starvewatch tune` results stored with the run (None: never tuned)."""
+        self._row(run_id)
+        return self.store.latest_tuning(run_id)
 
     STRAGGLER_ROWS = 100_000
 
@@ -176,7 +183,8 @@ class Query:
         if previous is None:
             return None
         prev_meta = self.run_meta(previous)
-        return summarize(prev_meta, self.store.loader_data(previous), system=self.system_overview(previous))
+        summary = summarize(prev_meta, self.store.loader_data(previous), system=self.system_overview(previous))
+        return with_tuning(summary, self.store.latest_tuning(previous))
 
     @cached(per_run=True)
     def distributions(self, run_id: str, loader: str) -> dict:

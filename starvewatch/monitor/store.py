@@ -57,6 +57,9 @@ CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, rank INTEGER NOT NULL, kind TEXT NOT NULL, t_ns INTEGER NOT NULL,
     data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_run ON events(run_id, kind, t_ns);
+-- `starvewatch tune` results stored with a run (JSON documents, starvewatch.tuning/1).
+CREATE TABLE IF NOT EXISTS tunings (run_id TEXT NOT NULL, created_at REAL NOT NULL, data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS tunings_run ON tunings(run_id, created_at);
 """
 
 
@@ -325,6 +328,22 @@ class Store:
                     data.ranks.append(row["rank"])
         return list(merged.values())
 
+    def save_tuning(self, run_id: str, document: dict) -> bool:
+        """Store `starvewatch tune` results with a run; False when the run is unknown."""
+        with self._write_lock:
+            w = self._writer
+            if w.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+                return False
+            w.execute("INSERT INTO tunings VALUES (?, ?, ?)", (run_id, time.time(), orjson.dumps(document).decode()))
+            self.versions[run_id] += 1
+            self.version += 1
+        return True
+
+    def latest_tuning(self, run_id: str) -> dict | None:
+        row = self.reader().execute("SELECT data FROM tunings WHERE run_id = ? ORDER BY created_at DESC, "
+                                    "rowid DESC LIMIT 1", (run_id,)).fetchone()
+        return orjson.loads(row[0]) if row else None
+
     def delete_run(self, run_id: str) -> bool:
         with self._write_lock:
             w = self._writer
@@ -334,7 +353,7 @@ class Store:
                 for first, last in w.execute("SELECT first_rowid, last_rowid FROM step_blocks WHERE run_id = ?",
                                              (run_id,)).fetchall():
                     w.execute("DELETE FROM steps WHERE rowid BETWEEN ? AND ?", (first, last))
-                for table in ("step_blocks", "rollups", "phases", "events", "loaders", "streams"):
+                for table in ("step_blocks", "rollups", "phases", "events", "loaders", "streams", "tunings"):
                     w.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
                 # `seen` stays: a late replay of a deleted run's batch must not resurrect it.
                 w.execute("COMMIT")

@@ -1,0 +1,64 @@
+"""The run page's "Measured tuning" panel: `starvewatch tune` results stored with the run.
+
+A component of its own (view builder + callback), so the run page only holds its container.
+"""
+from __future__ import annotations
+
+from dash import Input, Output, State, dcc, html
+from starlette.concurrency import run_in_threadpool
+
+from ..monitor.query import NotFound
+
+CONTAINER_ID = "tuning-panel"
+
+
+def _num(x, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def card() -> html.Div:
+    """The container placed on the run page; the callback fills it."""
+    return html.Div([html.H3("Measured tuning"), html.Div(id=CONTAINER_ID)], className="sw-card")
+
+
+def panel(tuning: dict | None) -> list:
+    if not tuning:
+        return [html.P(["Not tuned yet. ", html.Code("starvewatch tune module:make_loader --run NAME"),
+                        " measures DataLoader settings on this machine and stores them here."],
+                       id="tuning-none")]
+    answer = tuning.get("answer") or {}
+    rows = []
+    for t in tuning.get("trials") or []:
+        is_answer = bool(answer) and t["config"] == answer.get("config")
+        mem = f"{t['worker_uss_bytes'] / 2**20:.0f} MiB" if t.get("worker_uss_bytes") else "n/a"
+        status = t["status"].replace("_", " ") + (f": {t['reason']}" if t.get("reason") else "")
+        rows.append(html.Tr([html.Td(("* " if is_answer else "") + (t.get("label") or str(t["config"]))),
+                             html.Td(_num(t.get("batches_per_s"))), html.Td(_num(t.get("samples_per_s"))),
+                             html.Td(mem), html.Td(_num(t.get("cpu_pct"), 0)), html.Td(status)],
+                            className="sw-tuned" if is_answer else None))
+    header = html.Thead(html.Tr([html.Th(h) for h in ("configuration", "batches/s", "samples/s",
+                                                      "worker memory", "CPU %", "status")]))
+    consumption = tuning.get("consumption_batches_per_s")
+    facts = (f"{len(tuning.get('trials') or [])} trials in {tuning.get('elapsed_s') or 0:.1f} s "
+             f"(budget {tuning.get('budget_s')} s) on {tuning.get('host') or 'unknown host'}, "
+             f"{tuning.get('cores')} cores, {tuning.get('created_at')}"
+             + (f"; consumption {consumption:.1f} batches/s" if consumption else ""))
+    parts = [html.P(facts, className="sw-evidence"),
+             html.Table([header, html.Tbody(rows)], className="sw-table", id="tuning-table")]
+    if answer:
+        parts += [html.P(f"Answer: {answer.get('rule')}."),
+                  html.Pre(answer.get("snippet") or "", className="sw-code", id="tuning-snippet"),
+                  dcc.Clipboard(target_id="tuning-snippet", title="copy")]
+    else:
+        parts.append(html.P("No configuration could be measured within the budget."))
+    return parts
+
+
+def register(app, get_query) -> None:
+    @app.callback(Output(CONTAINER_ID, "children"), Input("tick", "data"), State("run-id", "data"))
+    async def refresh_tuning(_tick, run_id):
+        try:
+            tuning = await run_in_threadpool(get_query().tuning, run_id)
+        except NotFound:
+            return []
+        return panel(tuning)
