@@ -21,6 +21,11 @@ FIELDS = ("pid", "batches", "fetch_ns", "fetch_cpu_ns", "last_fetch_ns", "max_fe
           "last_end_ns", "samples")
 ROW = struct.Struct("<8q")
 MAX_WORKERS = 512
+# After the rows, one "current fetch" area per worker, for naming what a hung worker holds:
+# when its fetch began (0: not fetching), its stack signal (stacks.py; 0: none), how many
+# dataset indices follow (-1: not index-based) and the first MAX_INDICES of them.
+MAX_INDICES = 64
+CURRENT = struct.Struct(f"<3q{MAX_INDICES}q")
 
 
 def _board_dir() -> Path:
@@ -31,17 +36,31 @@ def _board_dir() -> Path:
 class WorkerBoard:
     """The training process's side: creates the shared file and reads the rows."""
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, stack_dir: str | None = None) -> None:
         self.num_workers = min(num_workers, MAX_WORKERS)
+        self.stack_dir = stack_dir  # where the workers' faulthandler files go
         self.path = _board_dir() / f"starvewatch-{os.getpid()}-{secrets.token_hex(4)}.workers"
         with open(self.path, "wb") as f:
-            f.write(b"\0" * ROW.size * self.num_workers)
+            f.write(b"\0" * (ROW.size + CURRENT.size) * self.num_workers)
         self._file = open(self.path, "rb")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         self._finalizer = weakref.finalize(self, _cleanup, self._map, self._file, self.path)
 
     def read(self) -> list[dict]:
         return [dict(zip(FIELDS, ROW.unpack_from(self._map, i * ROW.size))) for i in range(self.num_workers)]
+
+    def current(self, worker_id: int) -> dict | None:
+        """What worker `worker_id` is fetching now (read at a stall, never per batch)."""
+        if not 0 <= worker_id < self.num_workers:
+            return None
+        started_ns, signum, count, *indices = CURRENT.unpack_from(
+            self._map, ROW.size * self.num_workers + worker_id * CURRENT.size)
+        return {"fetch_started_ns": started_ns or None, "stack_signal": signum,
+                "indices": None if count < 0 else indices[:min(count, MAX_INDICES)],
+                "indices_total": None if count < 0 else count}
+
+    def stack_path(self, worker_id: int) -> str | None:
+        return stack_file(self.stack_dir, worker_id) if self.stack_dir else None
 
     def close(self) -> None:
         self._finalizer()
@@ -58,14 +77,15 @@ def _cleanup(mapping, file, path) -> None:
 class WorkerInit:
     """Replaces a DataLoader's worker_init_fn: installs the timing, then calls the user's."""
 
-    def __init__(self, path: str, num_workers: int, user_fn=None) -> None:
+    def __init__(self, path: str, num_workers: int, user_fn=None, stack_dir: str | None = None) -> None:
         self.path = path
         self.num_workers = num_workers
         self.user_fn = user_fn
+        self.stack_dir = stack_dir
 
     def __call__(self, worker_id: int) -> None:
         try:
-            _install(self.path, worker_id, self.num_workers)
+            _install(self.path, worker_id, self.num_workers, getattr(self, "stack_dir", None))
         except Exception:  # telemetry is optional; the worker's real work is not
             pass
         if self.user_fn is not None:
@@ -75,8 +95,8 @@ class WorkerInit:
 _ROW_VIEW = None
 
 
-def _install(path: str, worker_id: int, num_workers: int) -> None:
-    global _ROW_VIEW
+def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None = None) -> None:
+    global _ROW_VIEW, _CURRENT_AT
     if worker_id >= num_workers or worker_id >= MAX_WORKERS:
         return
     f = open(path, "r+b")
@@ -84,7 +104,13 @@ def _install(path: str, worker_id: int, num_workers: int) -> None:
     offset = worker_id * ROW.size
     row = list(ROW.unpack_from(mapping, offset))  # a respawned worker goes on counting
     row[0] = os.getpid()
-    ROW.pack_into(mapping, offset, *row)
+    _CURRENT_AT = ROW.size * min(num_workers, MAX_WORKERS) + worker_id * CURRENT.size
+    signum = 0
+    if stack_dir:
+        from .stacks import register
+        signum = register(stack_file(stack_dir, worker_id))
+    CURRENT.pack_into(mapping, _CURRENT_AT, 0, signum, -1, *_NO_INDICES)
+    ROW.pack_into(mapping, offset, *row)  # the pid last: a reader sees the signal with it
     _ROW_VIEW = (mapping, offset, row, f)
 
     from torch.utils.data._utils import fetch as fetch_module
@@ -96,6 +122,7 @@ def _install(path: str, worker_id: int, num_workers: int) -> None:
 
         def fetch(self, possibly_batched_index, _original=original):
             t0, c0 = perf_counter_ns(), thread_time_ns()
+            _fetching(t0, possibly_batched_index if self.auto_collation else (possibly_batched_index,))
             data = _original(self, possibly_batched_index)
             _record(perf_counter_ns() - t0, thread_time_ns() - c0,
                     len(possibly_batched_index) if self.auto_collation else 1)
@@ -105,8 +132,31 @@ def _install(path: str, worker_id: int, num_workers: int) -> None:
         cls.fetch = fetch
 
 
+def stack_file(stack_dir: str, worker_id: int) -> str:
+    # One file per worker slot: a worker of the next epoch appends to it (no file per pid).
+    return os.path.join(stack_dir, f"worker-{worker_id}.stack")
+
+
+_CURRENT_AT = 0
+_NO_INDICES = (0,) * MAX_INDICES
+
+
+def _fetching(t0_ns: int, indices) -> None:
+    """In the worker, per batch: which dataset indices it is loading, for a stall's report."""
+    mapping = _ROW_VIEW[0]
+    head = indices[:MAX_INDICES]
+    if all(type(i) is int for i in head):  # an IterableDataset's fetcher gets None per sample
+        count = len(indices)
+        head = tuple(head) + _NO_INDICES[len(head):]
+    else:
+        count, head = -1, _NO_INDICES
+    signum = CURRENT.unpack_from(mapping, _CURRENT_AT)[1]
+    CURRENT.pack_into(mapping, _CURRENT_AT, t0_ns or 1, signum, count, *head)
+
+
 def _record(fetch_ns: int, cpu_ns: int, samples: int) -> None:
     mapping, offset, row, _ = _ROW_VIEW
+    struct.pack_into("<q", mapping, _CURRENT_AT, 0)  # not fetching any more
     row[1] += 1
     row[2] += fetch_ns
     row[3] += cpu_ns
@@ -118,16 +168,22 @@ def _record(fetch_ns: int, cpu_ns: int, samples: int) -> None:
     ROW.pack_into(mapping, offset, *row)
 
 
-def attach(loader) -> WorkerBoard | None:
-    """Give a multi-process DataLoader its board; None for num_workers=0 or on any problem."""
+def attach(loader, stack_dir: str | None = None) -> WorkerBoard | None:
+    """Give a multi-process DataLoader its board; None for num_workers=0 or on any problem.
+    `stack_dir`: the directory for the workers' stack files (created here)."""
     if getattr(loader, "num_workers", 0) <= 0:
         return None
     try:
-        board = WorkerBoard(loader.num_workers)
+        if stack_dir:
+            try:
+                os.makedirs(stack_dir, exist_ok=True)
+            except OSError:
+                stack_dir = None  # no stacks, the rest of the telemetry still
+        board = WorkerBoard(loader.num_workers, stack_dir)
         user_fn = loader.worker_init_fn
         if isinstance(user_fn, WorkerInit):
             user_fn = user_fn.user_fn
-        loader.worker_init_fn = WorkerInit(str(board.path), board.num_workers, user_fn)
+        loader.worker_init_fn = WorkerInit(str(board.path), board.num_workers, user_fn, stack_dir)
         return board
     except OSError:
         return None
