@@ -14,7 +14,7 @@ samples it served, is reported.
 from __future__ import annotations
 
 MIN_POINTS = 4               # memory readings of one worker process before judging its growth
-MIN_GROWTH_BYTES = 16 << 20  # over the judged window: below this, noise and allocator slack
+MIN_GROWTH_BYTES = 8 << 20   # over the judged window: below this, noise and allocator slack
 MIN_CORRELATION = 0.9        # memory follows samples served, not a one-off jump
 
 MEMORY_FIX = ("Keep the dataset's data in numpy arrays (or torch tensors, a pyarrow table, a "

@@ -171,6 +171,8 @@ class Sidecar:
                 info = proc.memory_full_info()
             except (ps.Error, OSError):
                 continue
+            if not info.uss:  # exiting (its memory already given back): not a reading
+                continue
             out[str(pid)] = {"uss_bytes": info.uss, "pss_bytes": getattr(info, "pss", None),
                              "mem_t_ns": time.time_ns()}
         if out:

@@ -1,0 +1,123 @@
+"""Issue 16, item 2: DataLoader workers that grow with the samples they serve (copy-on-read of
+Python objects after fork) are found from their USS; the same data as numpy stays flat.
+Real fork workers, real sidecar readings (every 0.3 s here instead of 5 s)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import starvewatch
+from starvewatch.hooks.session import current_session
+from starvewatch.monitor.findings import growth_of, memory_growth_findings, worker_memory_series
+
+ITEMS = 600_000      # ~55 MiB of Python lists and floats in the parent
+CHUNK = 1500         # objects each sample reads: ITEMS / CHUNK = 400 samples (5 epochs)
+#                      before a worker has copied them all
+SAMPLES = 160        # per epoch (80 per worker); persistent workers go on reading fresh chunks
+PER_SAMPLE_S = 0.01  # a slow decode: the loader's pace
+
+
+class PythonObjects(Dataset):
+    def __init__(self) -> None:
+        self.rows = [[float(i)] for i in range(ITEMS)]  # a list of lists: refcounted objects
+        self.calls = 0  # per worker process: which chunk its next sample reads
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def _chunk(self):
+        start = (self.calls * CHUNK) % ITEMS
+        self.calls += 1
+        return self.rows[start:start + CHUNK]
+
+    def __getitem__(self, i: int):
+        total = sum(row[0] for row in self._chunk())  # reading writes each object's refcount
+        time.sleep(PER_SAMPLE_S)
+        return torch.tensor([total])
+
+
+class NumpyArray(PythonObjects):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows = np.arange(ITEMS, dtype=np.float64).reshape(-1, 1)  # one buffer, no refcounts
+
+    def __getitem__(self, i: int):
+        total = float(self._chunk()[:, 0].sum())
+        time.sleep(PER_SAMPLE_S)
+        return torch.tensor([total])
+
+
+def _readings(session, loader: str) -> int:
+    """Memory readings of the loader's workers so far (the fewest of any worker)."""
+    seen: dict[int, set] = {}
+    for sampler in session.samplers:
+        for kind, event in list(sampler.history):
+            if kind == "workers" and event["loader"] == loader:
+                for w in event["workers"]:
+                    if w.get("mem_t_ns"):
+                        seen.setdefault(w["id"], set()).add(w["mem_t_ns"])
+    return min((len(v) for v in seen.values()), default=0) if len(seen) == 2 else 0
+
+
+def test_worker_memory_growth_is_found_for_python_lists_not_numpy(monkeypatch):
+    monkeypatch.setenv("STARVEWATCH_WORKER_MEMORY_INTERVAL_S", "0.3")
+    # Both loaders in one loop: the same epochs, the same (busy) machine, half the test time.
+    objects = starvewatch.watch(DataLoader(PythonObjects(), batch_size=4, num_workers=2,
+                                           persistent_workers=True, multiprocessing_context="fork"),
+                                name="objects")
+    arrays = starvewatch.watch(DataLoader(NumpyArray(), batch_size=4, num_workers=2,
+                                          persistent_workers=True, multiprocessing_context="fork"),
+                               name="arrays")
+    session = current_session()
+    # At least 3 epochs (240 samples per worker), and more until each worker has 6 memory
+    # readings: a busy machine starves the sidecar (nice 10). At most 5, before the chunks wrap.
+    for epoch in range(5):
+        assert sum(1 for _ in zip(objects, arrays)) == SAMPLES // 4
+        if epoch >= 2 and _readings(session, "objects") >= 6 and _readings(session, "arrays") >= 6:
+            break
+    summary = starvewatch.finish()
+    findings = [f for f in summary["findings"] if f["kind"] == "worker_memory_growth"]
+    assert [f["loader"] for f in findings] == ["objects"], findings
+    [finding] = findings
+    detail = finding["detail"]
+    assert "numpy" in finding["fix"] and finding["severity"] in ("warning", "critical")
+    # Each sample copies the pages of CHUNK lists and floats (~100 bytes each): about
+    # 150 MB per 1,000 samples; well above zero, below a copy of everything per sample.
+    assert 50 * 2**20 < detail["growth_bytes_per_1000_samples"] < 500 * 2**20, detail
+    assert detail["workers_growing"] == 2 and detail["start_method"] == "fork"
+    assert detail["projected_epoch_end_uss_bytes"] >= detail["uss_now_bytes"] > 0
+    assert "per 1,000 samples" in finding["title"]
+
+
+def _series(samples, uss):
+    return {"loader": "train", "rank": 0, "worker": 0, "pid": 1, "t": list(range(len(samples))),
+            "uss_bytes": uss, "pss_bytes": uss, "samples": samples}
+
+
+def test_a_warm_up_plateau_is_not_growth_and_steady_growth_is():
+    mib = 2**20
+    samples = [0, 100, 200, 300, 400, 500, 600, 700]
+    plateau = [10 * mib, 60 * mib, 80 * mib, 81 * mib, 81 * mib, 80 * mib, 81 * mib, 81 * mib]
+    assert growth_of(_series(samples, plateau)) is None
+    steady = [10 * mib + s * 100_000 for s in samples]  # 100 kB per sample
+    growth = growth_of(_series(samples, steady))
+    assert growth is not None and abs(growth["bytes_per_sample"] - 100_000) < 1
+    [finding] = memory_growth_findings([_series(samples, steady)], {"train": {"num_workers": 1,
+                                                                           "dataset_len": 1700}})
+    # 1,000 more samples to go at 100 kB each, on top of the last reading.
+    assert finding["detail"]["projected_epoch_end_uss_bytes"] == steady[-1] + 1000 * 100_000
+
+
+def test_memory_series_keep_one_point_per_reading_and_split_by_process():
+    events = [{"loader": "train", "workers": [
+        {"id": 0, "pid": 11, "samples": n, "uss_bytes": u, "pss_bytes": u, "mem_t_ns": t}]}
+        for n, u, t in ((4, 100, 1e9), (8, 100, 1e9), (12, 150, 2e9))]
+    events.append({"loader": "train", "workers": [
+        {"id": 0, "pid": 12, "samples": 16, "uss_bytes": 90, "pss_bytes": 95, "mem_t_ns": 3e9}]})
+    series = worker_memory_series(events)
+    assert [(s["pid"], s["samples"], s["uss_bytes"]) for s in series] == [
+        (11, [4, 12], [100, 150]), (12, [16], [90])]
