@@ -15,7 +15,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import starvewatch
+from starvewatch.hooks.report import format_report
 from starvewatch.hooks.session import current_session
+from starvewatch.monitor.export import render_html, to_markdown
 from starvewatch.hooks.stacks import register, request
 from tests.conftest import wait_until
 
@@ -106,6 +108,13 @@ def test_the_stall_names_the_worker_its_state_indices_and_stack(tmp_path, monkey
     assert "most recent call first" in stall["stack"]  # faulthandler's format
     stack_files = list(session.stack_dir.glob("worker-1.stack"))
     assert stack_files and "blocked_here_until" in stack_files[0].read_text()
+    # The console line (and `starvewatch runs ID`), the Markdown and HTML exports say it too.
+    line = next(l for l in format_report(summary).splitlines() if "stall on train" in l and "worker 1" in l)
+    assert f"worker 1 (pid {worker_pids[1]}" in line and "loading indices 20, 21, 22, 23" in line
+    assert "in blocked_here_until" in line  # the innermost frame of the loading thread
+    markdown = to_markdown(summary)
+    assert "loading indices 20, 21, 22, 23" in markdown and "blocked_here_until" in markdown
+    assert "in blocked_here_until" in render_html(summary, {}, {}, [])
 
 
 def test_without_workers_the_training_threads_stack_and_indices(tmp_path, stall_quickly):

@@ -11,7 +11,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import starvewatch
+from starvewatch.hooks.report import format_report
 from starvewatch.hooks.session import current_session
+from starvewatch.monitor.export import render_html, to_markdown
 from starvewatch.monitor.findings import growth_of, memory_growth_findings, worker_memory_series
 
 ITEMS = 600_000      # ~55 MiB of Python lists and floats in the parent
@@ -91,6 +93,9 @@ def test_worker_memory_growth_is_found_for_python_lists_not_numpy(monkeypatch):
     assert detail["workers_growing"] == 2 and detail["start_method"] == "fork"
     assert detail["projected_epoch_end_uss_bytes"] >= detail["uss_now_bytes"] > 0
     assert "per 1,000 samples" in finding["title"]
+    assert "## Findings" in to_markdown(summary) and "numpy" in render_html(summary, {}, {}, [])
+    assert any("objects: [" in line and "per 1,000 samples" in line
+               for line in format_report(summary).splitlines())
 
 
 def _series(samples, uss):

@@ -68,8 +68,9 @@ def describe(session, state, inner, phase: str, snapshot: dict | None) -> tuple[
         return fields, None
     entry = workers[worker]
     current = board.current(worker) or {}
+    started = bool(entry.get("pid"))  # a worker not started yet loads nothing so far
     fields.update(worker=worker, worker_pid=entry.get("pid"), worker_state=entry.get("state"),
-                  indices=current.get("indices"))
+                  indices=current.get("indices") if started and current.get("fetch_started_ns") else None)
     if current.get("fetch_started_ns"):
         fields["fetching"] = True
     request = None

@@ -204,6 +204,9 @@ class StallDetector:
                 threshold_ns = max(threshold_ns, settings.stall_median_factor * (median_ns or 0))
             if wait_ns > threshold_ns:
                 current_key = (name, t_call)
+                started_ns = t_call + self.session.wall_offset_ns
+                if name in self.open and self.open[name]["started_ns"] != started_ns:
+                    self._end(name)  # another wait of the same loader: that stall is over
                 if name not in self.open:
                     snapshot = worker_snapshots.get(name)
                     event = {"loader": name, "rank": self.session.rank,
@@ -223,11 +226,13 @@ class StallDetector:
                     event = self.open[name]
                     event["wait_s"] = wait_ns / 1e9
                     self._refresh_worker_state(event, worker_snapshots.get(name))
-        for name, event in list(self.open.items()):
+        for name in list(self.open):
             if current_key is None or current_key[0] != name:
-                ended = dict(event, ended_ns=time.time_ns(), t_ns=time.time_ns())
-                del self.open[name]
-                self._emit(ended)
+                self._end(name)
+
+    def _end(self, name: str) -> None:
+        ended = dict(self.open.pop(name), ended_ns=time.time_ns(), t_ns=time.time_ns())
+        self._emit(ended)
 
     def _describe_hang(self, event: dict, state, it, phase: str, snapshot) -> tuple | None:
         """The worker holding the batch, its state, indices and stack (hang.py)."""

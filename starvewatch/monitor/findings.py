@@ -130,3 +130,41 @@ def findings_from(worker_events: list[dict], configs: dict[str, dict | None],
                   mem_total_bytes: int | None = None) -> list[dict]:
     """Every finding of a run, from its "workers" events (summary["findings"])."""
     return memory_growth_findings(worker_memory_series(worker_events), configs, mem_total_bytes)
+
+
+def stack_frames(stack: str | None) -> list[str]:
+    """The frames of the thread that loads data, innermost first, from a faulthandler dump:
+    the thread whose frames include a DataLoader fetch (or `__getitem__`/`__iter__`), else
+    the first thread written."""
+    if not stack:
+        return []
+    threads = [block.strip().splitlines() for block in stack.split("\n\n") if block.strip()]
+    threads = [[line.strip() for line in t[1:] if line.strip().startswith("File ")] for t in threads]
+    threads = [t for t in threads if t]
+    for marker in ("in fetch", "in __getitem__", "in __iter__", "in __next__"):
+        for frames in threads:
+            if any(line.endswith(marker) for line in frames):
+                return frames
+    return threads[0] if threads else []
+
+
+def stall_where(stall: dict) -> str:
+    """One line: who holds the stalled batch and where it is (console, CLI, exports)."""
+    parts = []
+    if stall.get("worker") is not None:
+        parts.append(f"worker {stall['worker']} (pid {stall.get('worker_pid')}, {stall.get('worker_state')})")
+    elif stall.get("worker_state"):
+        parts.append(stall["worker_state"])
+    if stall.get("phase") == "iter":
+        parts.append("inside iter() (start-up)")
+    if stall.get("indices"):
+        shown = stall["indices"][:8]
+        parts.append("loading indices " + ", ".join(map(str, shown)) + (" ..." if len(stall["indices"]) > 8 else ""))
+    frames = stack_frames(stall.get("stack"))
+    if frames:
+        parts.append("at " + frames[0])
+    return "; ".join(parts)
+
+
+def finding_line(finding: dict) -> str:
+    return f"[{finding.get('severity')}] {finding.get('title')}"
