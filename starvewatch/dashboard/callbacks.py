@@ -63,7 +63,8 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
         "system": figures.system_over_time(samples),
         "histogram": figures.wait_histogram(steps, title=f"{loader}: wait per batch"),
         "recommendations": views.recommendations(summary),
-        "workers": views.workers_panel(workers),
+        "workers": html.Div([views.workers_panel(workers), views.findings_panel(
+            summary, figures.worker_memory_over_time(query.worker_memory(run_id)))]),
         "ranks": views.ranks_panel(per_rank) or html.P("One rank."),
         "config": views.config_panel(summary),
     }

@@ -7,6 +7,7 @@ from dash import dcc, html
 
 from ..monitor.diagnosis import joint_changes_note
 from ..monitor.export import compare_rows, snippet
+from ..monitor.findings import finding_line, stall_where
 
 
 def pct(x) -> str:
@@ -90,8 +91,30 @@ def stall_banner(summary: dict, status: str) -> html.Div | None:
         return None
     s = open_stalls[0]
     states = ", ".join(f"worker {w.get('id')}: {w.get('state')}" for w in s.get("workers", [])) or "no worker data"
-    return html.Div(f"Stalled: {s['loader']} has waited {s['wait_s']:.1f} s for batch {s.get('step')} ({states})",
-                    className="sw-banner", id="stall-banner")
+    where = stall_where(s)
+    return html.Div(f"Stalled: {s['loader']} has waited {s['wait_s']:.1f} s for batch {s.get('step')} ({states})"
+                    + (f" — {where}" if where else ""), className="sw-banner", id="stall-banner")
+
+
+def findings_panel(summary: dict, memory_figure=None) -> html.Div:
+    """Stalls with who held the batch and its stack, the findings (memory growth...), and the
+    workers' memory over time (issue 16's fields; issue 19's dashboard may render them richer)."""
+    parts = []
+    for s in summary.get("stalls") or []:
+        where = stall_where(s)
+        parts.append(html.Div([
+            html.P(f"Stall on {s['loader']}: {s.get('wait_s', 0):.1f} s for batch {s.get('step')} of epoch "
+                   f"{s.get('epoch')} ({'ended' if s.get('ended_ns') else 'still going'})"
+                   + (f": {where}" if where else "")),
+            html.Details([html.Summary("Python stack"), html.Pre(s["stack"])]) if s.get("stack") else None,
+        ], className="sw-stall"))
+    for f in summary.get("findings") or []:
+        parts.append(html.Div([html.P([html.B(f"{f['loader']}: "), finding_line(f)]),
+                               html.Code(json.dumps(f.get("detail"), default=str)),
+                               html.P(f"Fix: {f.get('fix')}")], className="sw-finding"))
+    if memory_figure is not None:
+        parts.append(dcc.Graph(figure=memory_figure, id="worker-memory-graph", config={"displaylogo": False}))
+    return html.Div(parts or [html.P("No stalls or findings.")], id="findings-panel")
 
 
 def workers_panel(events: list[dict]) -> html.Div:

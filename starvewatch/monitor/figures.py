@@ -100,3 +100,19 @@ def system_over_time(samples: list[dict], title: str = "Host and GPU") -> go.Fig
 def _mean(values):
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
+
+
+def worker_memory_over_time(memory: dict, title: str = "DataLoader workers: private memory (USS)") -> go.Figure:
+    """USS per worker process over time (GET /runs/{id}/workers/memory): copy-on-read growth
+    after fork shows as lines that climb with the samples served."""
+    series = memory.get("series") or []
+    if not series:
+        return _empty(title, "no worker memory readings (num_workers=0, or no sidecar)")
+    fig = go.Figure(layout=dict(title=title, xaxis_title="time", yaxis_title="MiB", **LAYOUT))
+    from datetime import datetime, timezone
+    for s in series:
+        fig.add_trace(go.Scatter(
+            x=[datetime.fromtimestamp(t, tz=timezone.utc) for t in s["t"]],
+            y=[u / 2**20 for u in s["uss_bytes"]], mode="lines+markers",
+            name=f"{s['loader']} worker {s['worker']} (pid {s['pid']})"))
+    return fig
