@@ -126,3 +126,51 @@ def test_memory_series_keep_one_point_per_reading_and_split_by_process():
     series = worker_memory_series(events)
     assert [(s["pid"], s["samples"], s["uss_bytes"]) for s in series] == [
         (11, [4, 12], [100, 150]), (12, [16], [90])]
+
+
+def test_the_collector_serves_memory_series_findings_and_stall_details(tmp_path):
+    """The collector side: per-worker memory over time, the growth finding and a hung
+    worker's fields through the API, the export and the dashboard's view."""
+    from fastapi.testclient import TestClient
+
+    from starvewatch.dashboard import views
+    from starvewatch.monitor.app import create_app
+    from starvewatch.monitor.settings import CollectorSettings
+    from tests.test_collector_api import batch, post
+
+    mib, t0 = 2**20, 1_700_000_000 * 10**9
+    payload = batch(run_id="mem-run", n=10)
+    payload["loaders"][0]["config"] = {"num_workers": 2, "dataset_len": 4000,
+                                       "multiprocessing_context": "fork"}
+    payload["workers"] = [{"loader": "train", "t_ns": t0 + k * 10**9, "workers": [
+        {"id": 0, "pid": 100, "state": "sleeping", "samples": 200 * k,
+         "uss_bytes": 50 * mib + 200 * k * 100_000, "pss_bytes": 60 * mib, "mem_t_ns": t0 + k * 10**9},
+        {"id": 1, "pid": 101, "state": "sleeping", "samples": 200 * k,
+         "uss_bytes": 50 * mib, "pss_bytes": 60 * mib, "mem_t_ns": t0 + k * 10**9}]} for k in range(8)]
+    stack = ('Thread 0x00007f (most recent call first):\n  File "/data.py", line 9 in read_shard\n'
+             '  File "/torch/fetch.py", line 52 in fetch\n')
+    payload["stalls"] = [{"loader": "train", "rank": 0, "epoch": 0, "step": 7, "started_ns": t0,
+                          "ended_ns": None, "wait_s": 31.0, "t_ns": t0, "workers": [], "phase": "next",
+                          "worker": 1, "worker_pid": 101, "worker_state": "sleeping",
+                          "indices": [28, 29, 30, 31], "stack": stack}]
+    settings = CollectorSettings(dir=tmp_path, dashboard=False, spool_scan_s=60)
+    with TestClient(create_app(settings)) as client:
+        assert post(client, payload).status_code == 200
+        series = client.get("/api/v1/runs/mem-run/workers/memory").json()["series"]
+        assert [(s["worker"], s["pid"], len(s["t"])) for s in series] == [(0, 100, 8), (1, 101, 8)]
+        assert series[0]["uss_bytes"][-1] == 50 * mib + 1400 * 100_000 and series[1]["pss_bytes"] == [60 * mib] * 8
+        assert client.get("/api/v1/runs/nope/workers/memory").status_code == 404
+        summary = client.get("/api/v1/runs/mem-run/summary").json()
+        [finding] = summary["findings"]
+        assert finding["kind"] == "worker_memory_growth" and finding["detail"]["worker_pids"] == [100]
+        assert finding["detail"]["growth_bytes_per_1000_samples"] == 100_000_000
+        # 2,000 samples per worker per epoch, 1,400 served: 600 more at 100 kB each.
+        assert finding["detail"]["projected_epoch_end_uss_bytes"] == 50 * mib + 2000 * 100_000
+        [stall] = summary["stalls"]
+        assert (stall["worker"], stall["worker_pid"], stall["indices"]) == (1, 101, [28, 29, 30, 31])
+        markdown = client.get("/api/v1/runs/mem-run/export?format=md").text
+        assert "worker 1 (pid 101, sleeping); loading indices 28, 29, 30, 31; at File \"/data.py\", line 9 in read_shard" in markdown
+        assert "## Findings" in markdown
+    panel = str(views.findings_panel(summary))
+    assert "read_shard" in panel and "100.0 MiB per 1,000 samples" not in panel  # 95.4 MiB: binary
+    assert "95.4 MiB per 1,000 samples" in panel

@@ -102,12 +102,12 @@ def findings_panel(summary: dict, memory_figure=None) -> html.Div:
     parts = []
     for s in summary.get("stalls") or []:
         where = stall_where(s)
-        parts.append(html.Div([
-            html.P(f"Stall on {s['loader']}: {s.get('wait_s', 0):.1f} s for batch {s.get('step')} of epoch "
-                   f"{s.get('epoch')} ({'ended' if s.get('ended_ns') else 'still going'})"
-                   + (f": {where}" if where else "")),
-            html.Details([html.Summary("Python stack"), html.Pre(s["stack"])]) if s.get("stack") else None,
-        ], className="sw-stall"))
+        children = [html.P(f"Stall on {s['loader']}: {s.get('wait_s', 0):.1f} s for batch {s.get('step')} of "
+                           f"epoch {s.get('epoch')} ({'ended' if s.get('ended_ns') else 'still going'})"
+                           + (f": {where}" if where else ""))]
+        if s.get("stack"):
+            children.append(html.Details([html.Summary("Python stack"), html.Pre(s["stack"])]))
+        parts.append(html.Div(children, className="sw-stall"))
     for f in summary.get("findings") or []:
         parts.append(html.Div([html.P([html.B(f"{f['loader']}: "), finding_line(f)]),
                                html.Code(json.dumps(f.get("detail"), default=str)),
