@@ -152,6 +152,9 @@ class LoaderWatch:
                 entry.update({k: v for k, v in known.items() if k != "pid"})
             else:
                 entry.update(state="unknown" if row["pid"] else "not_started", cpu_pct=None, rss_bytes=None)
+            current = board.current(worker_id) if row["batches"] else None
+            if current and current["batch_bytes"]:
+                entry["batch_bytes"] = current["batch_bytes"]  # sampled in the worker
             if memory and row["pid"] and str(row["pid"]) in memory:
                 entry.update(memory[str(row["pid"])])  # uss_bytes, pss_bytes, mem_t_ns
             workers.append(entry)

@@ -23,9 +23,12 @@ ROW = struct.Struct("<8q")
 MAX_WORKERS = 512
 # After the rows, one "current fetch" area per worker, for naming what a hung worker holds:
 # when its fetch began (0: not fetching), its stack signal (stacks.py; 0: none), how many
-# dataset indices follow (-1: not index-based) and the first MAX_INDICES of them.
+# dataset indices follow (-1: not index-based), the bytes of its last sampled batch (what
+# travels through /dev/shm), and the first MAX_INDICES indices.
 MAX_INDICES = 64
-CURRENT = struct.Struct(f"<3q{MAX_INDICES}q")
+CURRENT = struct.Struct(f"<4q{MAX_INDICES}q")
+INDICES = struct.Struct(f"<{MAX_INDICES}q")
+BATCH_BYTES_EVERY = 64  # batches: the first one and every 64th are measured
 
 
 def _board_dir() -> Path:
@@ -53,9 +56,10 @@ class WorkerBoard:
         """What worker `worker_id` is fetching now (read at a stall, never per batch)."""
         if not 0 <= worker_id < self.num_workers:
             return None
-        started_ns, signum, count, *indices = CURRENT.unpack_from(
+        started_ns, signum, count, batch_bytes, *indices = CURRENT.unpack_from(
             self._map, ROW.size * self.num_workers + worker_id * CURRENT.size)
         return {"fetch_started_ns": started_ns or None, "stack_signal": signum,
+                "batch_bytes": batch_bytes or None,
                 "indices": None if count < 0 else indices[:min(count, MAX_INDICES)],
                 "indices_total": None if count < 0 else count}
 
@@ -109,7 +113,7 @@ def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None 
     if stack_dir:
         from .stacks import register
         signum = register(stack_file(stack_dir, worker_id))
-    CURRENT.pack_into(mapping, _CURRENT_AT, 0, signum, -1, *_NO_INDICES)
+    CURRENT.pack_into(mapping, _CURRENT_AT, 0, signum, -1, 0, *_NO_INDICES)
     ROW.pack_into(mapping, offset, *row)  # the pid last: a reader sees the signal with it
     _ROW_VIEW = (mapping, offset, row, f)
 
@@ -124,6 +128,8 @@ def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None 
             t0, c0 = perf_counter_ns(), thread_time_ns()
             _fetching(t0, possibly_batched_index if self.auto_collation else (possibly_batched_index,))
             data = _original(self, possibly_batched_index)
+            if not _ROW_VIEW[2][1] % BATCH_BYTES_EVERY:
+                _batch_bytes(data)
             _record(perf_counter_ns() - t0, thread_time_ns() - c0,
                     len(possibly_batched_index) if self.auto_collation else 1)
             return data
@@ -150,8 +156,30 @@ def _fetching(t0_ns: int, indices) -> None:
         head = tuple(head) + _NO_INDICES[len(head):]
     else:
         count, head = -1, _NO_INDICES
-    signum = CURRENT.unpack_from(mapping, _CURRENT_AT)[1]
-    CURRENT.pack_into(mapping, _CURRENT_AT, t0_ns or 1, signum, count, *head)
+    struct.pack_into("<q", mapping, _CURRENT_AT + 16, count)
+    INDICES.pack_into(mapping, _CURRENT_AT + 32, *head)
+    struct.pack_into("<q", mapping, _CURRENT_AT, t0_ns or 1)
+
+
+def _nbytes(obj, depth: int = 0) -> int:
+    """Bytes of the tensors and arrays in a batch (what torch moves through shared memory)."""
+    nbytes = getattr(obj, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):
+        return obj.element_size() * obj.numel()
+    if depth < 4 and isinstance(obj, (list, tuple)):
+        return sum(_nbytes(x, depth + 1) for x in obj[:1000])
+    if depth < 4 and isinstance(obj, dict):
+        return sum(_nbytes(x, depth + 1) for x in list(obj.values())[:1000])
+    return 0
+
+
+def _batch_bytes(data) -> None:
+    try:
+        struct.pack_into("<q", _ROW_VIEW[0], _CURRENT_AT + 24, _nbytes(data))
+    except Exception:  # an odd batch type: no measurement, never a failed fetch
+        pass
 
 
 def _record(fetch_ns: int, cpu_ns: int, samples: int) -> None:

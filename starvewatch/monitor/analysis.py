@@ -112,8 +112,7 @@ def summarize(run: dict, loaders: list[LoaderData], *, stalls=(), system: dict |
         },
         "stalls": list(stalls),
         # Hung workers are in the stalls; memory growth and the like here (monitor/findings.py).
-        "findings": findings_from(worker_events or [], {d.name: d.config for d in loaders},
-                                  (system or {}).get("mem_total_bytes")),
+        "findings": findings_from(worker_events or [], {d.name: d.config for d in loaders}, system),
         "recommendations": [],
         "system": system,
     }

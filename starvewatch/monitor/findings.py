@@ -126,10 +126,62 @@ def memory_growth_findings(series: list[dict], configs: dict[str, dict | None],
     return findings
 
 
+def shm_findings(worker_events: list[dict], configs: dict[str, dict | None],
+                 system: dict | None) -> list[dict]:
+    """/dev/shm foreseen: batches in flight from the workers (batch bytes x prefetch_factor x
+    num_workers, the batch bytes sampled in the workers) against /dev/shm. Torch passes every
+    worker's batch through shared memory; when it runs out, a worker dies of SIGBUS."""
+    system = system or {}
+    total, used = system.get("shm_total_bytes"), system.get("shm_used_max_bytes")
+    if not total:
+        return []
+    batch_bytes: dict[str, int] = {}
+    for event in worker_events:
+        for worker in event.get("workers") or []:
+            if worker.get("batch_bytes"):
+                name = event.get("loader")
+                batch_bytes[name] = max(batch_bytes.get(name, 0), int(worker["batch_bytes"]))
+    findings = []
+    for loader, per_batch in batch_bytes.items():
+        config = configs.get(loader) or {}
+        workers = config.get("num_workers") or 0
+        prefetch = config.get("prefetch_factor") or 2
+        need = per_batch * prefetch * workers
+        # Our own batches in flight are part of the peak use: what else holds /dev/shm is
+        # the peak use minus them (at least nothing).
+        others = max(0, (used or 0) - need)
+        room = total - others
+        if workers <= 0 or need <= 0.5 * room:
+            continue
+        slots = int(0.8 * room // per_batch)
+        if slots >= workers:
+            settings = f"num_workers={workers}, prefetch_factor={slots // workers}"
+        elif slots >= 1:
+            settings = f"num_workers={slots}, prefetch_factor=1"
+        else:
+            settings = "smaller batches (no batch fits twice)"
+        findings.append({
+            "kind": "shm_risk", "loader": loader,
+            "severity": "critical" if need > room else "warning",
+            "title": (f"'{loader}' needs about {need / 2**20:.0f} MiB of /dev/shm for batches in flight "
+                      f"({per_batch / 2**20:.1f} MiB x prefetch_factor {prefetch} x {workers} workers), "
+                      f"{room / 2**20:.0f} MiB available: workers die with a Bus error (SIGBUS) when it fills"),
+            "detail": {"batch_bytes": per_batch, "prefetch_factor": prefetch, "num_workers": workers,
+                       "shm_needed_bytes": need, "shm_total_bytes": total, "shm_used_max_bytes": used,
+                       "shm_available_bytes": room},
+            "fix": (f"DataLoader(..., {settings}) fits in the /dev/shm there is; or give the "
+                    f"container more shared memory (docker run --shm-size={int(need * 1.25 / 2**20) + 1}m, "
+                    f"Kubernetes: an emptyDir with medium: Memory at /dev/shm)."),
+        })
+    return findings
+
+
 def findings_from(worker_events: list[dict], configs: dict[str, dict | None],
-                  mem_total_bytes: int | None = None) -> list[dict]:
+                  system: dict | None = None) -> list[dict]:
     """Every finding of a run, from its "workers" events (summary["findings"])."""
-    return memory_growth_findings(worker_memory_series(worker_events), configs, mem_total_bytes)
+    mem_total = (system or {}).get("mem_total_bytes")
+    return (memory_growth_findings(worker_memory_series(worker_events), configs, mem_total)
+            + shm_findings(worker_events, configs, system))
 
 
 def stack_frames(stack: str | None) -> list[str]:
