@@ -3,6 +3,7 @@ Python objects after fork) are found from their USS; the same data as numpy stay
 Real fork workers, real sidecar readings (every 0.3 s here instead of 5 s)."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ import starvewatch
 from starvewatch.hooks.report import format_report
 from starvewatch.hooks.session import current_session
 from starvewatch.monitor.export import render_html, to_markdown
+from tests.conftest import wait_until
 from starvewatch.monitor.findings import growth_of, memory_growth_findings, worker_memory_series
 
 ITEMS = 600_000      # ~55 MiB of Python lists and floats in the parent
@@ -205,3 +207,45 @@ def test_dev_shm_too_small_for_the_batches_in_flight_is_foreseen(monkeypatch):
     assert finding["detail"]["batch_bytes"] == 24 * 2**20
     assert finding["detail"]["shm_needed_bytes"] == 96 * 2**20 and finding["severity"] == "critical"
     assert "Bus error" in finding["title"] and "--shm-size=121m" in finding["fix"]
+
+
+class DiesOfSigbus(Dataset):
+    def __init__(self, gate: str) -> None:
+        self.gate = gate
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, i: int):
+        if i == 21:  # mid-epoch, once the test saw the workers sampled (bounded wait)
+            deadline = time.monotonic() + 30
+            while not os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            import signal
+            os.kill(os.getpid(), signal.SIGBUS)  # what touching a full /dev/shm does
+        return torch.zeros(4)
+
+
+def test_a_worker_killed_by_sigbus_is_named_with_the_fix(tmp_path):
+    gate = tmp_path / "gate"
+    loader = starvewatch.watch(DataLoader(DiesOfSigbus(str(gate)), batch_size=2, num_workers=2,
+                                          multiprocessing_context="fork"), name="bus")
+    session = current_session()
+    iterator = iter(loader)  # kept, as a crashing script's traceback keeps it: not reaped yet
+    # torch says "killed by signal: Bus error" or, when it reaped the worker first, "exited
+    # unexpectedly": either way the exit code says SIGBUS.
+    with pytest.raises(RuntimeError, match="Bus error|exited unexpectedly"):
+        next(iterator)
+        # The sidecar knows the workers' pids (their states are read) before one dies.
+        wait_until(lambda: any(w.get("state") in ("sleeping", "running") for s in session.samplers
+                               for k, e in list(s.history) if k == "workers" for w in e["workers"]),
+                   timeout_s=30, what="the workers sampled")
+        gate.touch()
+        for _ in iterator:
+            pass
+    summary = starvewatch.finish()  # its last reading sees the dead worker
+    [finding] = [f for f in summary["findings"] if f["kind"] == "sigbus"]
+    assert finding["loader"] == "bus" and finding["severity"] == "critical"
+    assert "SIGBUS" in finding["title"] and "shm-size" in finding["fix"]
+    assert len(finding["detail"]["worker_pids"]) == 1
+    del iterator

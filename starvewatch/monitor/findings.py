@@ -176,12 +176,44 @@ def shm_findings(worker_events: list[dict], configs: dict[str, dict | None],
     return findings
 
 
+def sigbus_findings(worker_events: list[dict], configs: dict[str, dict | None],
+                    shm: list[dict], system: dict | None) -> list[dict]:
+    """A worker killed by SIGBUS (read from the zombie's exit code by the sidecar): under
+    torch, /dev/shm ran out. The fix: the settings that fit, from the shm estimate."""
+    dead: dict[str, set] = {}
+    for event in worker_events:
+        for worker in event.get("workers") or []:
+            if worker.get("exit_signal") == "SIGBUS":
+                dead.setdefault(event.get("loader"), set()).add(worker.get("pid"))
+    estimates = {f["loader"]: f for f in shm}
+    out = []
+    for loader, pids in dead.items():
+        config = configs.get(loader) or {}
+        estimate = estimates.get(loader)
+        out.append({
+            "kind": "sigbus", "loader": loader, "severity": "critical",
+            "title": (f"{len(pids)} DataLoader worker(s) of '{loader}' died of SIGBUS (Bus error): "
+                      f"shared memory (/dev/shm) ran out for the batches in flight"),
+            "detail": {"worker_pids": sorted(p for p in pids if p is not None),
+                       "num_workers": config.get("num_workers"),
+                       "prefetch_factor": config.get("prefetch_factor"),
+                       **({k: estimate["detail"][k] for k in ("batch_bytes", "shm_needed_bytes",
+                                                               "shm_available_bytes")} if estimate else {}),
+                       "shm_total_bytes": (system or {}).get("shm_total_bytes")},
+            "fix": estimate["fix"] if estimate else (
+                "Fewer batches in flight (a lower prefetch_factor or num_workers), smaller batches, "
+                "or more shared memory (docker run --shm-size=...)."),
+        })
+    return out
+
+
 def findings_from(worker_events: list[dict], configs: dict[str, dict | None],
                   system: dict | None = None) -> list[dict]:
     """Every finding of a run, from its "workers" events (summary["findings"])."""
     mem_total = (system or {}).get("mem_total_bytes")
+    shm = shm_findings(worker_events, configs, system)
     return (memory_growth_findings(worker_memory_series(worker_events), configs, mem_total)
-            + shm_findings(worker_events, configs, system))
+            + shm + sigbus_findings(worker_events, configs, shm, system))
 
 
 def stack_frames(stack: str | None) -> list[str]:
