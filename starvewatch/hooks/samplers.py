@@ -139,6 +139,28 @@ def _reaped_signal(inner, worker_id: int, pid: int) -> dict:
         return {"exit_signal": str(-code)}
 
 
+def shard_check(hashes: list[list[int]]) -> dict | None:
+    """Workers of an IterableDataset that yield the same batches at the same positions read
+    the same shard. Positions hashed by at least two workers are compared; a repeat at a
+    position by chance (values drawn from a few prototypes) is rare, a missing shard makes
+    every position repeat. None before 4 positions are comparable."""
+    compared = repeated = 0
+    reads: list[int] = []
+    for position in range(len(hashes[0])):
+        values = [h[position] for h in hashes if h[position]]
+        if len(values) < 2:
+            continue
+        compared += 1
+        most = max(values.count(v) for v in set(values))
+        if most > 1:
+            repeated += 1
+            reads.append(most)
+    if compared < 4:
+        return None
+    return {"compared_batches": compared, "repeated_batches": repeated,
+            "reads_per_batch": max(reads) if reads else 1, "workers": len(hashes)}
+
+
 def _ready_batches(inner) -> int | None:
     """Batches the workers finished that the loop has not taken yet: the DataLoader's result
     queue plus results that arrived out of order (torch internals, read defensively)."""
@@ -199,7 +221,9 @@ class LoaderWatch:
         # A worker whose state is not known yet makes the count unknown, not smaller.
         alive = (None if any(w["state"] == "unknown" for w in workers)
                  else sum(1 for w in workers if w["state"] in ("running", "sleeping")))
+        shards = shard_check(board.hashes()) if len(rows) >= 2 else None
         return {"t_ns": time.time_ns(), "loader": self.state.name, "workers": workers,
+                **({"shard_check": shards} if shards else {}),
                 "configured_workers": config.get("num_workers"), "alive_workers": alive,
                 "queue_depth": depth, "queue_capacity": capacity or None,
                 "persistent_workers": config.get("persistent_workers")}

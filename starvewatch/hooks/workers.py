@@ -29,6 +29,10 @@ MAX_INDICES = 64
 CURRENT = struct.Struct(f"<4q{MAX_INDICES}q")
 INDICES = struct.Struct(f"<{MAX_INDICES}q")
 BATCH_BYTES_EVERY = 64  # batches: the first one and every 64th are measured
+# Then, per worker of an IterableDataset, a hash of each of its first HASHED_BATCHES batches
+# (hashed in the worker): workers that yield the same sequence read the same shard.
+HASHED_BATCHES = 64
+HASHES = struct.Struct(f"<{HASHED_BATCHES}q")
 
 
 def _board_dir() -> Path:
@@ -44,7 +48,7 @@ class WorkerBoard:
         self.stack_dir = stack_dir  # where the workers' faulthandler files go
         self.path = _board_dir() / f"starvewatch-{os.getpid()}-{secrets.token_hex(4)}.workers"
         with open(self.path, "wb") as f:
-            f.write(b"\0" * (ROW.size + CURRENT.size) * self.num_workers)
+            f.write(b"\0" * (ROW.size + CURRENT.size + HASHES.size) * self.num_workers)
         self._file = open(self.path, "rb")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         self._finalizer = weakref.finalize(self, _cleanup, self._map, self._file, self.path)
@@ -62,6 +66,11 @@ class WorkerBoard:
                 "batch_bytes": batch_bytes or None,
                 "indices": None if count < 0 else indices[:min(count, MAX_INDICES)],
                 "indices_total": None if count < 0 else count}
+
+    def hashes(self) -> list[list[int]]:
+        """Per worker: the content hashes of its first batches, in order (0: not hashed)."""
+        base = (ROW.size + CURRENT.size) * self.num_workers
+        return [list(HASHES.unpack_from(self._map, base + w * HASHES.size)) for w in range(self.num_workers)]
 
     def stack_path(self, worker_id: int) -> str | None:
         return stack_file(self.stack_dir, worker_id) if self.stack_dir else None
@@ -100,7 +109,7 @@ _ROW_VIEW = None
 
 
 def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None = None) -> None:
-    global _ROW_VIEW, _CURRENT_AT
+    global _ROW_VIEW, _CURRENT_AT, _HASHES_AT
     if worker_id >= num_workers or worker_id >= MAX_WORKERS:
         return
     f = open(path, "r+b")
@@ -109,6 +118,7 @@ def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None 
     row = list(ROW.unpack_from(mapping, offset))  # a respawned worker goes on counting
     row[0] = os.getpid()
     _CURRENT_AT = ROW.size * min(num_workers, MAX_WORKERS) + worker_id * CURRENT.size
+    _HASHES_AT = (ROW.size + CURRENT.size) * min(num_workers, MAX_WORKERS) + worker_id * HASHES.size
     signum = 0
     if stack_dir:
         from .stacks import register
@@ -128,8 +138,11 @@ def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None 
             t0, c0 = perf_counter_ns(), thread_time_ns()
             _fetching(t0, possibly_batched_index if self.auto_collation else (possibly_batched_index,))
             data = _original(self, possibly_batched_index)
-            if not _ROW_VIEW[2][1] % BATCH_BYTES_EVERY:
+            position = _ROW_VIEW[2][1]
+            if not position % BATCH_BYTES_EVERY:
                 _batch_bytes(data)
+            if position < HASHED_BATCHES and hasattr(self, "dataset_iter"):  # IterableDataset
+                _hash_batch(data, position)
             _record(perf_counter_ns() - t0, thread_time_ns() - c0,
                     len(possibly_batched_index) if self.auto_collation else 1)
             return data
@@ -144,6 +157,36 @@ def stack_file(stack_dir: str, worker_id: int) -> str:
 
 
 _CURRENT_AT = 0
+_HASHES_AT = 0
+
+
+def _feed(hasher, obj, depth: int = 0) -> bool:
+    """The batch's content into `hasher`; False for something it cannot read as data."""
+    if hasattr(obj, "numpy") and hasattr(obj, "detach"):
+        obj = obj.detach().cpu().numpy()
+    if hasattr(obj, "tobytes") and hasattr(obj, "dtype"):
+        hasher.update(str(obj.dtype).encode() + str(getattr(obj, "shape", "")).encode())
+        hasher.update(obj.tobytes())
+        return True
+    if isinstance(obj, (bytes, str, int, float, bool)) or obj is None:
+        hasher.update(repr(obj).encode())
+        return True
+    if depth < 4 and isinstance(obj, (list, tuple)):
+        return all(_feed(hasher, x, depth + 1) for x in obj)
+    if depth < 4 and isinstance(obj, dict):
+        return all(_feed(hasher, k, depth + 1) and _feed(hasher, v, depth + 1) for k, v in obj.items())
+    return False
+
+
+def _hash_batch(data, position: int) -> None:
+    import hashlib
+    try:
+        hasher = hashlib.blake2b(digest_size=8)
+        if _feed(hasher, data):
+            value = int.from_bytes(hasher.digest(), "little", signed=True) or 1
+            struct.pack_into("<q", _ROW_VIEW[0], _HASHES_AT + 8 * position, value)
+    except Exception:  # never a failed fetch for a hash
+        pass
 _NO_INDICES = (0,) * MAX_INDICES
 
 

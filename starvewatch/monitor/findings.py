@@ -207,13 +207,47 @@ def sigbus_findings(worker_events: list[dict], configs: dict[str, dict | None],
     return out
 
 
+SHARD_FIX = """class Shards(IterableDataset):
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        shard, shards = rank * workers + worker, world * workers
+        for i, sample in enumerate(self.samples()):
+            if i % shards == shard:  # or split the files: files[shard::shards]
+                yield sample"""
+
+
+def shard_findings(worker_events: list[dict]) -> list[dict]:
+    """Workers (of an IterableDataset) that yield the same batches: each sample read N times."""
+    latest: dict[str, dict] = {}
+    for event in worker_events:
+        if event.get("shard_check"):
+            latest[event.get("loader")] = event["shard_check"]
+    out = []
+    for loader, check in latest.items():
+        if check["repeated_batches"] < 0.9 * check["compared_batches"]:
+            continue  # chance repeats (values from a few prototypes) stay well below this
+        reads = check["reads_per_batch"]
+        out.append({
+            "kind": "duplicated_shards", "loader": loader, "severity": "critical",
+            "title": (f"The {check['workers']} workers of '{loader}' yield the same batches: every sample "
+                      f"is read {reads} times per epoch (the IterableDataset is not sharded by worker)"),
+            "detail": {"times_each_sample_read": reads, "workers": check["workers"],
+                       "compared_batches": check["compared_batches"],
+                       "repeated_batches": check["repeated_batches"]},
+            "fix": "Shard by worker (and by rank under DDP) with torch.utils.data.get_worker_info():\n" + SHARD_FIX,
+        })
+    return out
+
+
 def findings_from(worker_events: list[dict], configs: dict[str, dict | None],
                   system: dict | None = None) -> list[dict]:
     """Every finding of a run, from its "workers" events (summary["findings"])."""
     mem_total = (system or {}).get("mem_total_bytes")
     shm = shm_findings(worker_events, configs, system)
     return (memory_growth_findings(worker_memory_series(worker_events), configs, mem_total)
-            + shm + sigbus_findings(worker_events, configs, shm, system))
+            + shm + sigbus_findings(worker_events, configs, shm, system) + shard_findings(worker_events))
 
 
 def stack_frames(stack: str | None) -> list[str]:
