@@ -105,7 +105,7 @@ def test_the_stall_names_the_worker_its_state_indices_and_stack(tmp_path, monkey
     assert stall["worker_state"] in ("sleeping", "running")
     assert stall["indices"] == [20, 21, 22, 23]
     assert "blocked_here_until" in stall["stack"] and "__getitem__" in stall["stack"]
-    assert "most recent call first" in stall["stack"]  # faulthandler's format
+    assert "most recent call first" in stall["stack"] and stall["stack_of"] == "worker"
     stack_files = list(session.stack_dir.glob("worker-1.stack"))
     assert stack_files and "blocked_here_until" in stack_files[0].read_text()
     # The console line (and `starvewatch runs ID`), the Markdown and HTML exports say it too.
@@ -126,6 +126,7 @@ def test_without_workers_the_training_threads_stack_and_indices(tmp_path, stall_
     stall = _blocked_stall(starvewatch.finish()["stalls"], 5)
     assert stall["worker"] is None and stall["worker_state"] == "in training process"
     assert stall["phase"] == "next" and stall["indices"] == [20, 21, 22, 23]
+    assert stall["stack_of"] == "training process"
     assert "blocked_here_until" in stall["stack"] and "__getitem__" in stall["stack"]
 
 

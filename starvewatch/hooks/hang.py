@@ -53,21 +53,21 @@ def describe(session, state, inner, phase: str, snapshot: dict | None) -> tuple[
               "indices": None, "stack": None}
     board = state.board
     workers = (snapshot or {}).get("workers") or []
-    if board is None or not workers:  # the loader runs in the training process
+    if not (state.config or {}).get("num_workers"):  # the loader runs in the training process
         fields["worker_state"] = "in training process"
         fields["indices"] = _indices_in_this_process(session.thread_id)
-        fields["stack"] = _main_stack(session)
+        fields["stack"], fields["stack_of"] = _main_stack(session), "training process"
         return fields, None
-    worker = expected_worker(inner) if inner is not None else None
+    worker = expected_worker(inner) if inner is not None and board is not None else None
     if worker is None and phase == "iter":
         worker = 0  # torch hands the epoch's first batch to worker 0
-    if worker is None or worker >= len(workers):
+    if worker is None or worker >= len(workers):  # (no worker sampled yet, too)
         # Torch's bookkeeping unreadable: the workers' states are in the event, the main
         # process's threads show where the loop waits.
-        fields["stack"] = _main_stack(session)
+        fields["stack"], fields["stack_of"] = _main_stack(session), "training process"
         return fields, None
     entry = workers[worker]
-    current = board.current(worker) or {}
+    current = board.current(worker) or {}  # (board: a worker was sampled, so it exists)
     started = bool(entry.get("pid"))  # a worker not started yet loads nothing so far
     fields.update(worker=worker, worker_pid=entry.get("pid"), worker_state=entry.get("state"),
                   indices=current.get("indices") if started and current.get("fetch_started_ns") else None)
@@ -77,4 +77,7 @@ def describe(session, state, inner, phase: str, snapshot: dict | None) -> tuple[
     path = board.stack_path(worker)
     if entry.get("pid") and current.get("stack_signal") and path:
         request = (entry["pid"], current["stack_signal"], path)
+        fields["stack_of"] = "worker"
+    else:  # a worker not started (or without a free signal): where the training process is
+        fields["stack"], fields["stack_of"] = _main_stack(session), "training process"
     return fields, request
