@@ -221,7 +221,9 @@ class LoaderWatch:
         # A worker whose state is not known yet makes the count unknown, not smaller.
         alive = (None if any(w["state"] == "unknown" for w in workers)
                  else sum(1 for w in workers if w["state"] in ("running", "sleeping")))
-        shards = shard_check(board.hashes()) if len(rows) >= 2 else None
+        # An IterableDataset's loader samples with torch's _InfiniteConstantSampler.
+        iterable = config.get("sampler") == "_InfiniteConstantSampler"
+        shards = shard_check(board.hashes()) if iterable and len(rows) >= 2 else None
         return {"t_ns": time.time_ns(), "loader": self.state.name, "workers": workers,
                 **({"shard_check": shards} if shards else {}),
                 "configured_workers": config.get("num_workers"), "alive_workers": alive,
