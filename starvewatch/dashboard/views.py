@@ -8,6 +8,7 @@ from ..monitor import figures
 from ..monitor.diagnosis import joint_changes_note
 from ..monitor.export import compare_rows, measured_with_interval
 from .quantities import human_bytes
+from ..monitor.findings import stall_where
 
 
 def pct(x) -> str:
@@ -71,8 +72,9 @@ def stall_banner(summary: dict, status: str) -> html.Div | None:
         return None
     s = open_stalls[0]
     states = ", ".join(f"worker {w.get('id')}: {w.get('state')}" for w in s.get("workers", [])) or "no worker data"
-    return html.Div(f"Stalled: {s['loader']} has waited {s['wait_s']:.1f} s for batch {s.get('step')} ({states})",
-                    className="sw-banner", id="stall-banner")
+    where = stall_where(s)
+    return html.Div(f"Stalled: {s['loader']} has waited {s['wait_s']:.1f} s for batch {s.get('step')} ({states})"
+                    + (f" — {where}" if where else ""), className="sw-banner", id="stall-banner")
 
 
 def workers_panel(events: list[dict], loader: str | None = None) -> html.Div | None:

@@ -22,8 +22,13 @@ def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: st
         gain = f" (expected {rec['expected_speedup']:.2f}x)" if rec.get("expected_speedup") else ""
         lines.append(f"  -> {rec['loader']}: {rec['parameter']}={rec['suggested']!r} "
                      f"(now {rec['current']!r}){gain}: {rec['reason']}")
+    from ..monitor.findings import finding_line, stall_where
     for stall in summary.get("stalls", [])[:3]:
-        lines.append(f"  !! stall on {stall.get('loader')}: waited {stall.get('wait_s', 0):.1f} s for one batch")
+        where = stall_where(stall)
+        lines.append(f"  !! stall on {stall.get('loader')}: waited {stall.get('wait_s', 0):.1f} s for one batch"
+                     + (f": {where}" if where else ""))
+    for finding in summary.get("findings", [])[:3]:
+        lines.append(f"  !! {finding.get('loader')}: {finding_line(finding)}")
     if dashboard_url:
         lines.append(f"  full report: {dashboard_url}")
     if compare_url:

@@ -95,12 +95,70 @@ class HostSampler:
                 state = {"running": "running", "sleeping": "sleeping", "disk-sleep": "sleeping",
                          "idle": "sleeping", "zombie": "zombie", "dead": "gone"}.get(status, status)
                 return {"pid": pid, "state": state, "cpu_pct": proc.cpu_percent(None),
-                        "rss_bytes": proc.memory_info().rss if state != "zombie" else None}
+                        "rss_bytes": proc.memory_info().rss if state != "zombie" else None,
+                        **(_exit_signal(pid) if state == "zombie" else {})}
         except (ps.NoSuchProcess, ps.AccessDenied, ps.ZombieProcess) as exc:
             self._children.pop(pid, None)
-            return {"pid": pid, "state": "zombie" if isinstance(exc, ps.ZombieProcess) else "gone",
-                    "cpu_pct": None, "rss_bytes": None}
+            zombie = isinstance(exc, ps.ZombieProcess)
+            return {"pid": pid, "state": "zombie" if zombie else "gone", "cpu_pct": None,
+                    "rss_bytes": None, **(_exit_signal(pid) if zombie else {})}
 
+
+
+def _exit_signal(pid: int) -> dict:
+    """A dead worker not reaped yet: the signal that ended it ({"exit_signal": "SIGBUS"}), from
+    the exit code in /proc/<pid>/stat (Linux >= 3.5); {} when it exited normally or unknown."""
+    import signal
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        code = int(fields[-1])  # field 52, exit_code: the wait status
+    except (OSError, ValueError, IndexError):
+        return {}
+    signum = code & 0x7F
+    try:
+        return {"exit_signal": signal.Signals(signum).name} if signum else {}
+    except ValueError:
+        return {"exit_signal": str(signum)}
+
+
+def _reaped_signal(inner, worker_id: int, pid: int) -> dict:
+    """A worker torch already reaped: the signal in its exit code, as torch's Process object
+    holds it (read without a syscall); {} when unknown or a normal exit."""
+    import signal
+    try:
+        popen = inner._workers[worker_id]._popen
+        code = popen.returncode if popen.pid == pid else None
+    except Exception:
+        return {}
+    if code is None or code >= 0:
+        return {}
+    try:
+        return {"exit_signal": signal.Signals(-code).name}
+    except ValueError:
+        return {"exit_signal": str(-code)}
+
+
+def shard_check(hashes: list[list[int]]) -> dict | None:
+    """Workers of an IterableDataset that yield the same batches at the same positions read
+    the same shard. Positions hashed by at least two workers are compared; a repeat at a
+    position by chance (values drawn from a few prototypes) is rare, a missing shard makes
+    every position repeat. None before 4 positions are comparable."""
+    compared = repeated = 0
+    reads: list[int] = []
+    for position in range(len(hashes[0])):
+        values = [h[position] for h in hashes if h[position]]
+        if len(values) < 2:
+            continue
+        compared += 1
+        most = max(values.count(v) for v in set(values))
+        if most > 1:
+            repeated += 1
+            reads.append(most)
+    if compared < 4:
+        return None
+    return {"compared_batches": compared, "repeated_batches": repeated,
+            "reads_per_batch": max(reads) if reads else 1, "workers": len(hashes)}
 
 
 def _ready_batches(inner) -> int | None:
@@ -121,8 +179,9 @@ class LoaderWatch:
         self.state = state
         self.previous: list[dict] | None = None
 
-    def sample(self, process_state) -> dict | None:
-        """`process_state(pid)`: that worker's state dict, or None when not known (yet)."""
+    def sample(self, process_state, memory: dict | None = None) -> dict | None:
+        """`process_state(pid)`: that worker's state dict, or None when not known (yet);
+        `memory`: the sidecar's latest USS/PSS reading per pid (str)."""
         board = self.state.board
         if board is None:
             return None
@@ -151,11 +210,22 @@ class LoaderWatch:
                 entry.update({k: v for k, v in known.items() if k != "pid"})
             else:
                 entry.update(state="unknown" if row["pid"] else "not_started", cpu_pct=None, rss_bytes=None)
+            if entry.get("state") in ("gone", "zombie") and "exit_signal" not in entry and it is not None:
+                entry.update(_reaped_signal(it._it, worker_id, row["pid"]))
+            current = board.current(worker_id) if row["batches"] else None
+            if current and current["batch_bytes"]:
+                entry["batch_bytes"] = current["batch_bytes"]  # sampled in the worker
+            if memory and row["pid"] and str(row["pid"]) in memory:
+                entry.update(memory[str(row["pid"])])  # uss_bytes, pss_bytes, mem_t_ns
             workers.append(entry)
         # A worker whose state is not known yet makes the count unknown, not smaller.
         alive = (None if any(w["state"] == "unknown" for w in workers)
                  else sum(1 for w in workers if w["state"] in ("running", "sleeping")))
+        # An IterableDataset's loader samples with torch's _InfiniteConstantSampler.
+        iterable = config.get("sampler") == "_InfiniteConstantSampler"
+        shards = shard_check(board.hashes()) if iterable and len(rows) >= 2 else None
         return {"t_ns": time.time_ns(), "loader": self.state.name, "workers": workers,
+                **({"shard_check": shards} if shards else {}),
                 "configured_workers": config.get("num_workers"), "alive_workers": alive,
                 "queue_depth": depth, "queue_capacity": capacity or None,
                 "persistent_workers": config.get("persistent_workers")}
@@ -168,15 +238,20 @@ class StallDetector:
     def __init__(self, session) -> None:
         self.session = session
         self.open: dict[str, dict] = {}
+        self.stack_requests: list[tuple] = []  # (loader, started_ns, pid, signal, path)
 
-    def _waiting_since(self) -> tuple[object, int] | None:
-        """The iterator the training thread is blocked in, and when its next() began."""
-        from .loader import WatchedIterator
+    def _waiting_since(self):
+        """(loader state, its iterator or None, when the wait began, "next" or "iter"): what
+        the training thread is blocked in, from its stack; None when it is not waiting."""
+        from .loader import WatchedIterator, start_epoch
         frame = sys._current_frames().get(self.session.thread_id)
         while frame is not None:
             if frame.f_code is WatchedIterator.__next__.__code__ or \
                     frame.f_code.co_name == "__next__" and isinstance(frame.f_locals.get("self"), WatchedIterator):
-                return frame.f_locals.get("self"), frame.f_locals.get("t_call")
+                it = frame.f_locals.get("self")
+                return it._state, it, frame.f_locals.get("t_call"), "next"
+            if frame.f_code is start_epoch.__code__:  # inside iter(loader): worker start-up
+                return frame.f_locals.get("state"), None, frame.f_locals.get("t0"), "iter"
             frame = frame.f_back
         return None
 
@@ -185,33 +260,82 @@ class StallDetector:
         waiting = self._waiting_since()
         now_perf = time.perf_counter_ns()
         current_key = None
-        if waiting is not None and waiting[1] is not None:
-            it, t_call = waiting
-            name = it._state.name
+        if waiting is not None and waiting[0] is not None and waiting[2] is not None:
+            state, it, t_call, phase = waiting
+            name = state.name
             wait_ns = now_perf - t_call
             median_ns, threshold_ns = None, settings.stall_min_s * 1e9
             if wait_ns > threshold_ns:  # only then the book (possibly the sidecar's, parsed)
-                stats = self.session.shipper.book().stats.get(it._state.index)
+                stats = self.session.shipper.book().stats.get(state.index)
                 median_ns = stats.steady_wait().quantile(0.5) if stats is not None and stats.wait.count else None
                 threshold_ns = max(threshold_ns, settings.stall_median_factor * (median_ns or 0))
             if wait_ns > threshold_ns:
                 current_key = (name, t_call)
+                started_ns = t_call + self.session.wall_offset_ns
+                if name in self.open and self.open[name]["started_ns"] != started_ns:
+                    self._end(name)  # another wait of the same loader: that stall is over
                 if name not in self.open:
-                    event = {"loader": name, "rank": self.session.rank, "epoch": it._epoch, "step": it._step,
+                    snapshot = worker_snapshots.get(name)
+                    event = {"loader": name, "rank": self.session.rank,
+                             "epoch": it._epoch if it is not None else state.totals.epochs,
+                             "step": it._step if it is not None else 0,
                              "started_ns": t_call + self.session.wall_offset_ns, "ended_ns": None,
                              "wait_s": wait_ns / 1e9, "threshold_s": threshold_ns / 1e9,
                              "median_wait_ms": median_ns / 1e6 if median_ns else None,
-                             "workers": (worker_snapshots.get(name) or {}).get("workers", []),
+                             "workers": (snapshot or {}).get("workers", []),
                              "t_ns": time.time_ns()}
+                    request = self._describe_hang(event, state, it, phase, snapshot)
                     self.open[name] = event
                     self._emit(event)
+                    if request is not None:
+                        self.stack_requests.append((name, event["started_ns"], *request))
                 else:
-                    self.open[name]["wait_s"] = wait_ns / 1e9
-        for name, event in list(self.open.items()):
+                    event = self.open[name]
+                    event["wait_s"] = wait_ns / 1e9
+                    self._refresh_worker_state(event, worker_snapshots.get(name))
+        for name in list(self.open):
             if current_key is None or current_key[0] != name:
-                ended = dict(event, ended_ns=time.time_ns(), t_ns=time.time_ns())
-                del self.open[name]
-                self._emit(ended)
+                self._end(name)
+
+    def _end(self, name: str) -> None:
+        ended = dict(self.open.pop(name), ended_ns=time.time_ns(), t_ns=time.time_ns())
+        self._emit(ended)
+
+    def _describe_hang(self, event: dict, state, it, phase: str, snapshot) -> tuple | None:
+        """The worker holding the batch, its state, indices and stack (hang.py)."""
+        from .hang import describe
+        try:
+            fields, request = describe(self.session, state, it._it if it is not None else None,
+                                       phase, snapshot)
+        except Exception as exc:  # a torch version we cannot read: the stall is still reported
+            event["phase"] = phase
+            self.session.shipper._note_error(f"stall details: {exc!r}")
+            return None
+        event.update(fields)
+        return request
+
+    def _refresh_worker_state(self, event: dict, snapshot: dict | None) -> None:
+        """A worker's state is unknown until the sidecar's first reading of its pid: once it
+        is known (or changes, say to gone), the stall event says so."""
+        worker = event.get("worker")
+        workers = (snapshot or {}).get("workers") or []
+        if worker is None or worker >= len(workers) or workers[worker].get("pid") != event.get("worker_pid"):
+            return
+        state = workers[worker].get("state")
+        if state != event.get("worker_state"):
+            event["worker_state"] = state
+            self._emit(dict(event, t_ns=time.time_ns()))
+
+    def got_stack(self, loader: str, started_ns: int, text: str | None) -> None:
+        """A worker's stack arrived (from the sidecar or read here): the stall event again."""
+        for source in (list(self.open.values()), self.session.stalls):
+            for event in source:
+                if event["loader"] == loader and event["started_ns"] == started_ns and text:
+                    event["stack"] = text
+        for event in self.session.stalls:
+            if event["loader"] == loader and event["started_ns"] == started_ns and text:
+                self._emit(dict(event, t_ns=time.time_ns()))
+                return
 
     def _emit(self, event: dict) -> None:
         stalls = self.session.stalls
@@ -236,6 +360,7 @@ class Sampler(threading.Thread):
         self._halt = threading.Event()
         self.loader_watches: dict[str, LoaderWatch] = {}
         self.history: list[tuple[str, dict]] = []  # for the in-process summary's system overview
+        self.worker_memory: dict[str, dict] = {}  # pid -> latest USS/PSS reading (the sidecar's)
 
     def stop(self) -> None:
         self._halt.set()
@@ -272,6 +397,10 @@ class Sampler(threading.Thread):
                                 self._record("samples", reading)
                             elif kind == "processes":
                                 process_states = reading["states"]
+                            elif kind == "stack":  # a hung worker's stack, read by the sidecar
+                                stalls.got_stack(reading["loader"], reading["started_ns"], reading.get("text"))
+                            elif kind == "worker_memory":
+                                self.worker_memory.update(reading["workers"])
                             # ("sampled" marks the end of the final reading)
                         if not link.alive and not final:  # it died: sample on this thread from now on
                             self._note("sidecar exited; sampling in the training process")
@@ -290,7 +419,7 @@ class Sampler(threading.Thread):
                         if current is not None:
                             current.probe_cpu()
                         watch = self.loader_watches.setdefault(state.name, LoaderWatch(state))
-                        snapshot = watch.sample(lookup)
+                        snapshot = watch.sample(lookup, self.worker_memory)
                         if snapshot is not None:
                             snapshots[state.name] = snapshot
                             pids += [w["pid"] for w in snapshot["workers"] if w["pid"]]
@@ -298,6 +427,7 @@ class Sampler(threading.Thread):
                     if link is not None and not final:
                         link.watch_pids(sorted(pids))
                     stalls.check(snapshots)
+                    self._request_stacks(stalls, link)
                     if not final:
                         self.session.shipper.drive()
                     # Fixed rate without drift: the next tick is on the grid, skipping missed ones.
@@ -310,6 +440,18 @@ class Sampler(threading.Thread):
             if not final:
                 wake = next_host if link is not None or not gpu_enabled else min(next_host, next_gpu)
                 self._halt.wait(max(0.0, wake - time.monotonic()))
+
+    def _request_stacks(self, stalls: StallDetector, link) -> None:
+        """Hung workers' stacks: the sidecar signals and reads (the answer comes with a later
+        reading); without one, this thread does, once per stall."""
+        while stalls.stack_requests:
+            loader, started_ns, pid, signum, path = stalls.stack_requests.pop(0)
+            if link is not None and link.alive:
+                link.request_stack({"loader": loader, "started_ns": started_ns, "pid": pid,
+                                    "signal": signum, "path": path})
+            else:
+                from .stacks import request
+                stalls.got_stack(loader, started_ns, request(pid, signum, path, parent_pid=os.getpid()))
 
     def _note(self, text: str) -> None:
         self.session.shipper._note_error(text)

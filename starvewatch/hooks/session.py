@@ -97,6 +97,8 @@ class Session:
         self._meta: dict | None = None
         self.dashboard_url: str | None = None
         self.spool_dir = settings.dir / "spool" / self.run_id / self.stream_id
+        # Stack dumps of hung workers (hooks/stacks.py), under the run's directory.
+        self.stack_dir = settings.dir / "stacks" / self.run_id / self.stream_id
         if transport is None and settings.url is not None:
             transport = HttpTransport(settings.url, settings.token)
         self.transport = transport
@@ -126,6 +128,10 @@ class Session:
 
     def gpu_timer_if_any(self):
         return self._gpu_timer
+
+    def stack_dir_made(self):
+        self.stack_dir.mkdir(parents=True, exist_ok=True)
+        return self.stack_dir
 
     # ---- loaders ----------------------------------------------------------------------------
     def default_loader_name(self) -> str:
@@ -202,7 +208,8 @@ class Session:
                    world_size=self.world_size)
         from ..monitor.system import overview
         history = [event for sampler in self.samplers for event in sampler.history]
-        return summarize(run, loaders, stalls=self.stalls, system=overview(history))
+        return summarize(run, loaders, stalls=self.stalls, system=overview(history),
+                         worker_events=[e for kind, e in history if kind == "workers"])
 
 
 def current_session() -> Session | None:
@@ -270,7 +277,7 @@ def watch(loader, name: str | None = None):
             if state is None:
                 state = session.add_loader(name, dataloader_config(loader), loader.batch_size, "DataLoader")
                 from .workers import attach
-                state.board = attach(loader)
+                state.board = attach(loader, str(session.stack_dir))
             loader.__class__ = watched_dataloader_class(type(loader), state)
             return loader
         state = session.loaders.get(name) or session.add_loader(name, None, None, type(loader).__name__)

@@ -30,6 +30,7 @@ class HookSettings:
     flush_timeout_s: float = 2.0
     host_interval_s: float = 0.5
     gpu_interval_s: float = 1.0
+    worker_memory_interval_s: float = 5.0  # USS/PSS of DataLoader workers (reads smaps)
     stall_min_s: float = 10.0
     stall_median_factor: float = 20.0
     quiet: bool = False
@@ -54,6 +55,7 @@ class HookSettings:
             ship_interval_s=float(os.environ.get("STARVEWATCH_SHIP_INTERVAL_S", 0.5)),
             host_interval_s=float(os.environ.get("STARVEWATCH_HOST_INTERVAL_S", 0.5)),
             gpu_interval_s=float(os.environ.get("STARVEWATCH_GPU_INTERVAL_S", 1.0)),
+            worker_memory_interval_s=float(os.environ.get("STARVEWATCH_WORKER_MEMORY_INTERVAL_S", 5.0)),
             stall_min_s=float(os.environ.get("STARVEWATCH_STALL_MIN_S", 10.0)),
             stall_median_factor=float(os.environ.get("STARVEWATCH_STALL_FACTOR", 20.0)),
         )

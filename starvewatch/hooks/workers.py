@@ -26,6 +26,18 @@ FIELDS = ("pid", "batches", "fetch_ns", "fetch_cpu_ns", "last_fetch_ns", "max_fe
           "last_end_ns", "samples")
 ROW = struct.Struct("<8q")
 MAX_WORKERS = 512
+# After the rows, one "current fetch" area per worker, for naming what a hung worker holds:
+# when its fetch began (0: not fetching), its stack signal (stacks.py; 0: none), how many
+# dataset indices follow (-1: not index-based), the bytes of its last sampled batch (what
+# travels through /dev/shm), and the first MAX_INDICES indices.
+MAX_INDICES = 64
+CURRENT = struct.Struct(f"<4q{MAX_INDICES}q")
+INDICES = struct.Struct(f"<{MAX_INDICES}q")
+BATCH_BYTES_EVERY = 64  # batches: the first one and every 64th are measured
+# Then, per worker of an IterableDataset, a hash of each of its first HASHED_BATCHES batches
+# (hashed in the worker): workers that yield the same sequence read the same shard.
+HASHED_BATCHES = 64
+HASHES = struct.Struct(f"<{HASHED_BATCHES}q")
 
 
 def _board_dir() -> Path:
@@ -36,17 +48,37 @@ def _board_dir() -> Path:
 class WorkerBoard:
     """The training process's side: creates the shared file and reads the rows."""
 
-    def __init__(self, num_workers: int) -> None:
+    def __init__(self, num_workers: int, stack_dir: str | None = None) -> None:
         self.num_workers = min(num_workers, MAX_WORKERS)
+        self.stack_dir = stack_dir  # where the workers' faulthandler files go
         self.path = _board_dir() / f"starvewatch-{os.getpid()}-{secrets.token_hex(4)}.workers"
         with open(self.path, "wb") as f:
-            f.write(b"\0" * ROW.size * self.num_workers)
+            f.write(b"\0" * (ROW.size + CURRENT.size + HASHES.size) * self.num_workers)
         self._file = open(self.path, "rb")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         self._finalizer = weakref.finalize(self, _cleanup, self._map, self._file, self.path)
 
     def read(self) -> list[dict]:
         return [dict(zip(FIELDS, ROW.unpack_from(self._map, i * ROW.size))) for i in range(self.num_workers)]
+
+    def current(self, worker_id: int) -> dict | None:
+        """What worker `worker_id` is fetching now (read at a stall, never per batch)."""
+        if not 0 <= worker_id < self.num_workers:
+            return None
+        started_ns, signum, count, batch_bytes, *indices = CURRENT.unpack_from(
+            self._map, ROW.size * self.num_workers + worker_id * CURRENT.size)
+        return {"fetch_started_ns": started_ns or None, "stack_signal": signum,
+                "batch_bytes": batch_bytes or None,
+                "indices": None if count < 0 else indices[:min(count, MAX_INDICES)],
+                "indices_total": None if count < 0 else count}
+
+    def hashes(self) -> list[list[int]]:
+        """Per worker: the content hashes of its first batches, in order (0: not hashed)."""
+        base = (ROW.size + CURRENT.size) * self.num_workers
+        return [list(HASHES.unpack_from(self._map, base + w * HASHES.size)) for w in range(self.num_workers)]
+
+    def stack_path(self, worker_id: int) -> str | None:
+        return stack_file(self.stack_dir, worker_id) if self.stack_dir else None
 
     def close(self) -> None:
         self._finalizer()
@@ -63,14 +95,15 @@ def _cleanup(mapping, file, path) -> None:
 class WorkerInit:
     """Replaces a DataLoader's worker_init_fn: installs the timing, then calls the user's."""
 
-    def __init__(self, path: str, num_workers: int, user_fn=None) -> None:
+    def __init__(self, path: str, num_workers: int, user_fn=None, stack_dir: str | None = None) -> None:
         self.path = path
         self.num_workers = num_workers
         self.user_fn = user_fn
+        self.stack_dir = stack_dir
 
     def __call__(self, worker_id: int) -> None:
         try:
-            _install(self.path, worker_id, self.num_workers)
+            _install(self.path, worker_id, self.num_workers, getattr(self, "stack_dir", None))
         except Exception as exc:  # telemetry is optional; the worker's real work is not
             _failures.error("install", "starvewatch: DataLoader worker %d runs without per-worker telemetry: %s: %s",
                             worker_id, type(exc).__name__, exc)
@@ -81,8 +114,8 @@ class WorkerInit:
 _ROW_VIEW = None
 
 
-def _install(path: str, worker_id: int, num_workers: int) -> None:
-    global _ROW_VIEW
+def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None = None) -> None:
+    global _ROW_VIEW, _CURRENT_AT, _HASHES_AT
     if worker_id >= num_workers or worker_id >= MAX_WORKERS:
         return
     f = open(path, "r+b")
@@ -90,7 +123,14 @@ def _install(path: str, worker_id: int, num_workers: int) -> None:
     offset = worker_id * ROW.size
     row = list(ROW.unpack_from(mapping, offset))  # a respawned worker goes on counting
     row[0] = os.getpid()
-    ROW.pack_into(mapping, offset, *row)
+    _CURRENT_AT = ROW.size * min(num_workers, MAX_WORKERS) + worker_id * CURRENT.size
+    _HASHES_AT = (ROW.size + CURRENT.size) * min(num_workers, MAX_WORKERS) + worker_id * HASHES.size
+    signum = 0
+    if stack_dir:
+        from .stacks import register
+        signum = register(stack_file(stack_dir, worker_id))
+    CURRENT.pack_into(mapping, _CURRENT_AT, 0, signum, -1, 0, *_NO_INDICES)
+    ROW.pack_into(mapping, offset, *row)  # the pid last: a reader sees the signal with it
     _ROW_VIEW = (mapping, offset, row, f)
 
     from torch.utils.data._utils import fetch as fetch_module
@@ -102,7 +142,13 @@ def _install(path: str, worker_id: int, num_workers: int) -> None:
 
         def fetch(self, possibly_batched_index, _original=original):
             t0, c0 = perf_counter_ns(), thread_time_ns()
+            _fetching(t0, possibly_batched_index if self.auto_collation else (possibly_batched_index,))
             data = _original(self, possibly_batched_index)
+            position = _ROW_VIEW[2][1]
+            if not position % BATCH_BYTES_EVERY:
+                _batch_bytes(data)
+            if position < HASHED_BATCHES and hasattr(self, "dataset_iter"):  # IterableDataset
+                _hash_batch(data, position)
             _record(perf_counter_ns() - t0, thread_time_ns() - c0,
                     len(possibly_batched_index) if self.auto_collation else 1)
             return data
@@ -111,8 +157,83 @@ def _install(path: str, worker_id: int, num_workers: int) -> None:
         cls.fetch = fetch
 
 
+def stack_file(stack_dir: str, worker_id: int) -> str:
+    # One file per worker slot: a worker of the next epoch appends to it (no file per pid).
+    return os.path.join(stack_dir, f"worker-{worker_id}.stack")
+
+
+_CURRENT_AT = 0
+_HASHES_AT = 0
+
+
+def _feed(hasher, obj, depth: int = 0) -> bool:
+    """The batch's content into `hasher`; False for something it cannot read as data."""
+    if hasattr(obj, "numpy") and hasattr(obj, "detach"):
+        obj = obj.detach().cpu().numpy()
+    if hasattr(obj, "tobytes") and hasattr(obj, "dtype"):
+        hasher.update(str(obj.dtype).encode() + str(getattr(obj, "shape", "")).encode())
+        hasher.update(obj.tobytes())
+        return True
+    if isinstance(obj, (bytes, str, int, float, bool)) or obj is None:
+        hasher.update(repr(obj).encode())
+        return True
+    if depth < 4 and isinstance(obj, (list, tuple)):
+        return all(_feed(hasher, x, depth + 1) for x in obj)
+    if depth < 4 and isinstance(obj, dict):
+        return all(_feed(hasher, k, depth + 1) and _feed(hasher, v, depth + 1) for k, v in obj.items())
+    return False
+
+
+def _hash_batch(data, position: int) -> None:
+    import hashlib
+    try:
+        hasher = hashlib.blake2b(digest_size=8)
+        if _feed(hasher, data):
+            value = int.from_bytes(hasher.digest(), "little", signed=True) or 1
+            struct.pack_into("<q", _ROW_VIEW[0], _HASHES_AT + 8 * position, value)
+    except Exception:  # never a failed fetch for a hash
+        pass
+_NO_INDICES = (0,) * MAX_INDICES
+
+
+def _fetching(t0_ns: int, indices) -> None:
+    """In the worker, per batch: which dataset indices it is loading, for a stall's report."""
+    mapping = _ROW_VIEW[0]
+    head = indices[:MAX_INDICES]
+    if all(type(i) is int for i in head):  # an IterableDataset's fetcher gets None per sample
+        count = len(indices)
+        head = tuple(head) + _NO_INDICES[len(head):]
+    else:
+        count, head = -1, _NO_INDICES
+    struct.pack_into("<q", mapping, _CURRENT_AT + 16, count)
+    INDICES.pack_into(mapping, _CURRENT_AT + 32, *head)
+    struct.pack_into("<q", mapping, _CURRENT_AT, t0_ns or 1)
+
+
+def _nbytes(obj, depth: int = 0) -> int:
+    """Bytes of the tensors and arrays in a batch (what torch moves through shared memory)."""
+    nbytes = getattr(obj, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if hasattr(obj, "element_size") and hasattr(obj, "numel"):
+        return obj.element_size() * obj.numel()
+    if depth < 4 and isinstance(obj, (list, tuple)):
+        return sum(_nbytes(x, depth + 1) for x in obj[:1000])
+    if depth < 4 and isinstance(obj, dict):
+        return sum(_nbytes(x, depth + 1) for x in list(obj.values())[:1000])
+    return 0
+
+
+def _batch_bytes(data) -> None:
+    try:
+        struct.pack_into("<q", _ROW_VIEW[0], _CURRENT_AT + 24, _nbytes(data))
+    except Exception:  # an odd batch type: no measurement, never a failed fetch
+        pass
+
+
 def _record(fetch_ns: int, cpu_ns: int, samples: int) -> None:
     mapping, offset, row, _ = _ROW_VIEW
+    struct.pack_into("<q", mapping, _CURRENT_AT, 0)  # not fetching any more
     row[1] += 1
     row[2] += fetch_ns
     row[3] += cpu_ns
@@ -124,16 +245,22 @@ def _record(fetch_ns: int, cpu_ns: int, samples: int) -> None:
     ROW.pack_into(mapping, offset, *row)
 
 
-def attach(loader) -> WorkerBoard | None:
-    """Give a multi-process DataLoader its board; None for num_workers=0 or on any problem."""
+def attach(loader, stack_dir: str | None = None) -> WorkerBoard | None:
+    """Give a multi-process DataLoader its board; None for num_workers=0 or on any problem.
+    `stack_dir`: the directory for the workers' stack files (created here)."""
     if getattr(loader, "num_workers", 0) <= 0:
         return None
     try:
-        board = WorkerBoard(loader.num_workers)
+        if stack_dir:
+            try:
+                os.makedirs(stack_dir, exist_ok=True)
+            except OSError:
+                stack_dir = None  # no stacks, the rest of the telemetry still
+        board = WorkerBoard(loader.num_workers, stack_dir)
         user_fn = loader.worker_init_fn
         if isinstance(user_fn, WorkerInit):
             user_fn = user_fn.user_fn
-        loader.worker_init_fn = WorkerInit(str(board.path), board.num_workers, user_fn)
+        loader.worker_init_fn = WorkerInit(str(board.path), board.num_workers, user_fn, stack_dir)
         return board
     except OSError:
         return None

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 
 from ..schema import SUMMARY_SCHEMA, band, worst_band
 from ..stats import LoaderTotals, RecordStats
+from .findings import findings_from
 
 
 @dataclass
@@ -93,7 +94,7 @@ def loader_summary(data: LoaderData) -> dict:
 
 
 def summarize(run: dict, loaders: list[LoaderData], *, stalls=(), system: dict | None = None,
-              previous: dict | None = None) -> dict:
+              previous: dict | None = None, worker_events: list[dict] | None = None) -> dict:
     """The run summary (schema `starvewatch.summary/1`) with verdict and recommendations."""
     from .diagnosis import diagnose
 
@@ -121,6 +122,8 @@ def summarize(run: dict, loaders: list[LoaderData], *, stalls=(), system: dict |
             "speedup_at_stake": 1.0 / (1.0 - f) if f is not None and f < 1.0 else None,
         },
         "stalls": list(stalls),
+        # Hung workers are in the stalls; memory growth and the like here (monitor/findings.py).
+        "findings": findings_from(worker_events or [], {d.name: d.config for d in loaders}, system),
         "recommendations": [],
         "system": system,
     }

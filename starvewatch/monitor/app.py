@@ -183,6 +183,10 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
                     points: int = Q(1000, ge=1, le=10_000)):
         return FastJSONResponse(state["query"].step_series(run_id, loader=loader, rank=rank, points=points))
 
+    @app.get("/api/v1/runs/{run_id}/workers/memory")
+    def workers_memory(run_id: str):
+        return FastJSONResponse(state["query"].worker_memory(run_id))
+
     @app.get("/api/v1/runs/{run_id}/events/{kind}")
     def events(run_id: str, kind: str, since_ns: int = Q(0, ge=0), limit: int = Q(5000, ge=1, le=50_000)):
         if kind not in ("samples", "workers", "stalls"):

@@ -6,6 +6,7 @@ import html
 import io
 import json
 
+from .findings import finding_line, stall_where
 from .diagnosis import joint_changes_note
 
 CSV_COLUMNS = ("run", "rank", "loader", "epoch", "step", "start_ns", "wait_ms", "compute_ms", "other_ms",
@@ -111,6 +112,17 @@ def to_markdown(summary: dict) -> str:
         for s in summary["stalls"]:
             lines.append(f"- {s['loader']}: waited {s['wait_s']:.1f} s for batch {s.get('step')} of epoch "
                          f"{s.get('epoch')} ({'ended' if s.get('ended_ns') else 'still going'})")
+            where = stall_where(s)
+            if where:
+                lines.append(f"  - {where}")
+            if s.get("stack"):
+                lines += ["", "```text", s["stack"].strip(), "```", ""]
+    if summary.get("findings"):
+        lines += ["", "## Findings", ""]
+        for f in summary["findings"]:
+            lines.append(f"- **{f['loader']}** {finding_line(f)}")
+            lines.append(f"  - Evidence: `{json.dumps(f.get('detail'), default=str)}`")
+            lines.append(f"  - Fix: {f.get('fix')}")
     if summary.get("verification"):
         lines += ["", "## Verify after change", "", compare_table(None, summary, summary["verification"])]
     from .stragglers import markdown_lines

@@ -94,10 +94,27 @@ class Query:
         meta = self.run_meta(run_id)
         loaders = self.store.loader_data(run_id, rank)
         summary = summarize(meta, loaders, stalls=self.stalls(run_id),
-                            system=self.system_overview(run_id, rank), previous=self.previous_summary(meta))
+                            system=self.system_overview(run_id, rank), previous=self.previous_summary(meta),
+                            worker_events=self.worker_events(run_id, rank))
         if rank is None:
             summary["stragglers"] = self.stragglers(run_id)
         return with_tuning(summary, self.store.latest_tuning(run_id))
+
+    def worker_events(self, run_id: str, rank: int | None = None) -> list[dict]:
+        """The workers' snapshots of a run (or of one rank), oldest first."""
+        sql = "SELECT rank, data FROM events WHERE run_id = ? AND kind = 'workers'"
+        args: tuple = (run_id,)
+        if rank is not None:
+            sql, args = sql + " AND rank = ?", (run_id, rank)
+        rows = self.store.reader().execute(sql + " ORDER BY t_ns", args).fetchall()
+        return [{"rank": r, **orjson.loads(data)} for r, data in rows]
+
+    @cached(per_run=True)
+    def worker_memory(self, run_id: str) -> dict:
+        """Per-worker USS/PSS over time (GET /api/v1/runs/{run_id}/workers/memory)."""
+        from .findings import worker_memory_series
+        self._row(run_id)
+        return {"series": worker_memory_series(self.worker_events(run_id))}
 
     @cached(per_run=True)
     def tuning(self, run_id: str) -> dict | None:

@@ -64,6 +64,8 @@ class Sidecar:
         self.parent_pid = int(settings["pid"])
         self.host_every = float(settings.get("host_interval_s", 0.5))
         self.gpu_every = float(settings.get("gpu_interval_s", 1.0))
+        # USS/PSS read smaps: a few ms per worker, so at most every 5 s by default.
+        self.memory_every = float(settings.get("worker_memory_interval_s", 5.0))
         psutil = _psutil()
         self.host = HostSampler(psutil, pid=self.parent_pid) if psutil is not None else None
         self.pids: list[int] = []
@@ -104,6 +106,8 @@ class Sidecar:
                     break  # cut off by EOF: the training process died mid-write
                 self.batches.put(("batch", (command["batch"], parts)))
                 continue
+            if "stack" in command:  # a hung worker's stack: signal it, read its file
+                threading.Thread(target=self.send_stack, args=(command["stack"],), daemon=True).start()
             if "pids" in command:
                 self.pids = [int(p) for p in command["pids"]]
             if command.get("sample"):
@@ -166,13 +170,42 @@ class Sidecar:
         states = {str(pid): self.host.process_state(pid) for pid in self.pids}
         self.send({"kind": "processes", "t_ns": time.time_ns(), "states": states})
 
+    def send_stack(self, request: dict) -> None:
+        from ..stacks import request as request_stack
+        text = request_stack(int(request["pid"]), int(request["signal"]), str(request["path"]),
+                             parent_pid=self.parent_pid)
+        self.send({"kind": "stack", "loader": request.get("loader"),
+                   "started_ns": request.get("started_ns"), "text": text})
+
+    def tick_memory(self) -> None:
+        """USS (memory only this worker holds) and PSS per DataLoader worker: RSS counts the
+        pages shared with the parent after fork, and so hides copy-on-read growth."""
+        if self.host is None or not self.pids:
+            return
+        ps = self.host.ps
+        out = {}
+        for pid in self.pids:
+            try:
+                proc = ps.Process(pid)
+                if proc.ppid() != self.parent_pid:
+                    continue
+                info = proc.memory_full_info()
+            except (ps.Error, OSError):
+                continue
+            if not info.uss:  # exiting (its memory already given back): not a reading
+                continue
+            out[str(pid)] = {"uss_bytes": info.uss, "pss_bytes": getattr(info, "pss", None),
+                             "mem_t_ns": time.time_ns()}
+        if out:
+            self.send({"kind": "worker_memory", "t_ns": time.time_ns(), "workers": out})
+
     def tick_gpu(self) -> None:
         self.gpu_enabled, reading = gpu_reading(self.parent_pid)
         if reading is not None:
             self.send(reading)
 
     def sample_forever(self) -> None:
-        next_host = next_gpu = time.monotonic()
+        next_host = next_gpu = next_memory = time.monotonic()
         while not self.halt.is_set():
             if os.getppid() != self.parent_pid:  # the training process died (we were re-parented)
                 break
@@ -183,6 +216,9 @@ class Sidecar:
             if self.gpu_enabled and now >= next_gpu:
                 self.tick_gpu()
                 next_gpu += self.gpu_every * max(1, int((now - next_gpu) // self.gpu_every) + 1)
+            if now >= next_memory:
+                self.tick_memory()
+                next_memory = time.monotonic() + self.memory_every
             if self.sample_now.is_set():  # the last reading at finish(): short runs get data too
                 self.sample_now.clear()
                 self.tick_host()

@@ -99,6 +99,7 @@ class SidecarLink:
         config = {"pid": os.getpid(), "wall_offset_ns": session.wall_offset_ns,
                   "host_interval_s": settings.host_interval_s,
                   "gpu_interval_s": settings.gpu_interval_s,
+                  "worker_memory_interval_s": settings.worker_memory_interval_s,
                   "delivery": None if not delivers else {
                       "url": settings.url, "token": settings.token, "dir": str(settings.dir),
                       "spool_dir": str(session.spool_dir), "spool_max_bytes": settings.spool_max_bytes,
@@ -162,7 +163,7 @@ class SidecarLink:
                     self.dropped = message.get("dropped", self.dropped)
                 elif kind == "collector":
                     self.collector = message.get("found")
-                elif kind in ("host", "gpu", "processes", "sampled"):
+                elif kind in ("host", "gpu", "processes", "sampled", "stack", "worker_memory"):
                     self.readings.append(message)
                 elif kind == "log":  # a warning of the sidecar's, rate-limited there: one console line
                     log.warning("%s", message.get("message"))
@@ -219,6 +220,10 @@ class SidecarLink:
         if pids != self._pids:
             self._pids = pids
             self._send({"pids": pids})
+
+    def request_stack(self, request: dict) -> None:
+        """A hung worker's stack (hooks/stacks.py): answered by a "stack" reading."""
+        self._send({"stack": request})
 
     def final_readings(self, timeout_s: float) -> list[dict]:
         """Ask for one more reading now (short runs get data too) and wait for it."""

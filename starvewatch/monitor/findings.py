@@ -1,0 +1,288 @@
+"""Findings no step timing shows, from the workers' telemetry: summary["findings"].
+
+Pure functions of the "workers" events (the sampler's snapshots, each worker's latest USS/PSS
+reading from the sidecar merged in), shared by `finish()` and the collector.
+
+Worker memory growth: under the fork start method, a worker that reads Python objects the
+parent built (a list of dicts, of strings) writes their reference counts, and the kernel
+copies every page it touches: the worker's private memory (USS) grows with the samples it
+served, until it holds a copy of the whole dataset. RSS misleads here (shared pages count in
+every worker); USS does not. Warm-up (imports, the first batches' buffers) grows memory too,
+then stops: only growth that goes on in the second half of a worker's life, in step with the
+samples it served, is reported.
+"""
+from __future__ import annotations
+
+MIN_POINTS = 4               # memory readings of one worker process before judging its growth
+MIN_GROWTH_BYTES = 8 << 20   # over the judged window: below this, noise and allocator slack
+MIN_CORRELATION = 0.9        # memory follows samples served, not a one-off jump
+
+MEMORY_FIX = ("Keep the dataset's data in numpy arrays (or torch tensors, a pyarrow table, a "
+              "memory-mapped file) instead of Python lists and dicts of objects: reading a Python "
+              "object in a forked worker writes its reference count, and the page is copied. "
+              "For example `self.labels = np.asarray(labels)`; strings as one bytes buffer plus an "
+              "offsets array (`np.frombuffer`), dicts as columns.")
+
+
+def worker_memory_series(worker_events: list[dict]) -> list[dict]:
+    """Per worker process: its USS/PSS over time and the samples it had served by then
+    (`GET /api/v1/runs/{run_id}/workers/memory`). One point per memory reading."""
+    series: dict[tuple, dict] = {}
+    for event in worker_events:
+        for worker in event.get("workers") or []:
+            t_ns, pid = worker.get("mem_t_ns"), worker.get("pid")
+            if t_ns is None or pid is None or worker.get("uss_bytes") is None:
+                continue
+            key = (event.get("rank", 0), event.get("loader"), worker.get("id"), pid)
+            entry = series.get(key)
+            if entry is None:
+                entry = series[key] = {"loader": event.get("loader"), "rank": key[0],
+                                       "worker": worker.get("id"), "pid": pid, "t": [],
+                                       "uss_bytes": [], "pss_bytes": [], "samples": []}
+            if entry["t"] and t_ns / 1e9 <= entry["t"][-1]:
+                continue  # the same reading, merged into several snapshots
+            entry["t"].append(t_ns / 1e9)
+            entry["uss_bytes"].append(worker["uss_bytes"])
+            entry["pss_bytes"].append(worker.get("pss_bytes"))
+            entry["samples"].append(worker.get("samples"))
+    return sorted(series.values(), key=lambda s: (s["rank"], str(s["loader"]), s["worker"], s["t"][0]))
+
+
+def _fit(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
+    """Least-squares slope and correlation of ys over xs; None when xs do not vary."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    if sxx <= 0:
+        return None
+    return sxy / sxx, (sxy / (sxx * syy) ** 0.5 if syy > 0 else 0.0)
+
+
+def growth_of(entry: dict) -> dict | None:
+    """The growth of one worker process after its warm-up: bytes per sample served, or None
+    when it does not grow with samples (flat, a plateau, too few readings)."""
+    points = [(s, u) for s, u in zip(entry["samples"], entry["uss_bytes"]) if s is not None]
+    if len(points) < MIN_POINTS:
+        return None
+    judged = points[len(points) // 2:]  # the later half: past the warm-up
+    judged = judged if len(judged) >= 3 else points[-3:]
+    xs, ys = [float(s) for s, _ in judged], [float(u) for _, u in judged]
+    fit = _fit(xs, ys)
+    if fit is None:
+        return None
+    slope, correlation = fit
+    grown = ys[-1] - ys[0]
+    if slope <= 0 or grown < MIN_GROWTH_BYTES or correlation < MIN_CORRELATION:
+        return None
+    return {"bytes_per_sample": slope, "samples_served": points[-1][0] - points[0][0],
+            "first_sample": points[0][0], "last_sample": points[-1][0],
+            "uss_bytes": points[-1][1], "grown_bytes": grown}
+
+
+def memory_growth_findings(series: list[dict], configs: dict[str, dict | None],
+                           mem_total_bytes: int | None = None) -> list[dict]:
+    """One finding per loader whose workers grow in step with the samples they serve."""
+    findings = []
+    by_loader: dict[str, list[tuple[dict, dict]]] = {}
+    for entry in series:
+        growth = growth_of(entry)
+        if growth is not None:
+            by_loader.setdefault(entry["loader"], []).append((entry, growth))
+    for loader, growing in by_loader.items():
+        config = configs.get(loader) or {}
+        workers = config.get("num_workers") or len({e["worker"] for e, _ in growing})
+        per_worker_epoch = (config["dataset_len"] / workers) if config.get("dataset_len") and workers else None
+        rate = sum(g["bytes_per_sample"] for _, g in growing) / len(growing)
+        now = sum(g["uss_bytes"] for _, g in growing)
+        projected = None
+        if per_worker_epoch is not None:
+            projected = sum(g["uss_bytes"] + g["bytes_per_sample"] * max(
+                0.0, per_worker_epoch - (g["last_sample"] - g["first_sample"])) for _, g in growing)
+            projected = int(projected)
+        critical = bool(projected and mem_total_bytes and projected > 0.5 * mem_total_bytes)
+        per_1000_mib = rate * 1000 / 2 ** 20
+        findings.append({
+            "kind": "worker_memory_growth", "loader": loader,
+            "severity": "critical" if critical else "warning",
+            "title": (f"{len(growing)} of {workers} DataLoader workers of '{loader}' grow by "
+                      f"{per_1000_mib:.1f} MiB per 1,000 samples served (copy-on-read of Python "
+                      f"objects after fork)"
+                      + (f"; about {projected / 2 ** 30:.2f} GiB private memory by the epoch's end"
+                         if projected else "")),
+            "detail": {
+                "growth_bytes_per_1000_samples": int(rate * 1000),
+                "workers_growing": len(growing), "workers": workers,
+                "uss_now_bytes": int(now),
+                "projected_epoch_end_uss_bytes": projected,
+                "samples_per_worker_epoch": int(per_worker_epoch) if per_worker_epoch else None,
+                "mem_total_bytes": mem_total_bytes,
+                "start_method": config.get("multiprocessing_context"),
+                "worker_pids": [e["pid"] for e, _ in growing],
+            },
+            "fix": MEMORY_FIX,
+        })
+    return findings
+
+
+def shm_findings(worker_events: list[dict], configs: dict[str, dict | None],
+                 system: dict | None) -> list[dict]:
+    """/dev/shm foreseen: batches in flight from the workers (batch bytes x prefetch_factor x
+    num_workers, the batch bytes sampled in the workers) against /dev/shm. Torch passes every
+    worker's batch through shared memory; when it runs out, a worker dies of SIGBUS."""
+    system = system or {}
+    total, used = system.get("shm_total_bytes"), system.get("shm_used_max_bytes")
+    if not total:
+        return []
+    batch_bytes: dict[str, int] = {}
+    for event in worker_events:
+        for worker in event.get("workers") or []:
+            if worker.get("batch_bytes"):
+                name = event.get("loader")
+                batch_bytes[name] = max(batch_bytes.get(name, 0), int(worker["batch_bytes"]))
+    findings = []
+    for loader, per_batch in batch_bytes.items():
+        config = configs.get(loader) or {}
+        workers = config.get("num_workers") or 0
+        prefetch = config.get("prefetch_factor") or 2
+        need = per_batch * prefetch * workers
+        # Our own batches in flight are part of the peak use: what else holds /dev/shm is
+        # the peak use minus them (at least nothing).
+        others = max(0, (used or 0) - need)
+        room = total - others
+        if workers <= 0 or need <= 0.5 * room:
+            continue
+        slots = int(0.8 * room // per_batch)
+        if slots >= workers:
+            settings = f"num_workers={workers}, prefetch_factor={slots // workers}"
+        elif slots >= 1:
+            settings = f"num_workers={slots}, prefetch_factor=1"
+        else:
+            settings = "smaller batches (no batch fits twice)"
+        findings.append({
+            "kind": "shm_risk", "loader": loader,
+            "severity": "critical" if need > room else "warning",
+            "title": (f"'{loader}' needs about {need / 2**20:.0f} MiB of /dev/shm for batches in flight "
+                      f"({per_batch / 2**20:.1f} MiB x prefetch_factor {prefetch} x {workers} workers), "
+                      f"{room / 2**20:.0f} MiB available: workers die with a Bus error (SIGBUS) when it fills"),
+            "detail": {"batch_bytes": per_batch, "prefetch_factor": prefetch, "num_workers": workers,
+                       "shm_needed_bytes": need, "shm_total_bytes": total, "shm_used_max_bytes": used,
+                       "shm_available_bytes": room},
+            "fix": (f"DataLoader(..., {settings}) fits in the /dev/shm there is; or give the "
+                    f"container more shared memory (docker run --shm-size={int(need * 1.25 / 2**20) + 1}m, "
+                    f"Kubernetes: an emptyDir with medium: Memory at /dev/shm)."),
+        })
+    return findings
+
+
+def sigbus_findings(worker_events: list[dict], configs: dict[str, dict | None],
+                    shm: list[dict], system: dict | None) -> list[dict]:
+    """A worker killed by SIGBUS (read from the zombie's exit code by the sidecar): under
+    torch, /dev/shm ran out. The fix: the settings that fit, from the shm estimate."""
+    dead: dict[str, set] = {}
+    for event in worker_events:
+        for worker in event.get("workers") or []:
+            if worker.get("exit_signal") == "SIGBUS":
+                dead.setdefault(event.get("loader"), set()).add(worker.get("pid"))
+    estimates = {f["loader"]: f for f in shm}
+    out = []
+    for loader, pids in dead.items():
+        config = configs.get(loader) or {}
+        estimate = estimates.get(loader)
+        out.append({
+            "kind": "sigbus", "loader": loader, "severity": "critical",
+            "title": (f"{len(pids)} DataLoader worker(s) of '{loader}' died of SIGBUS (Bus error): "
+                      f"shared memory (/dev/shm) ran out for the batches in flight"),
+            "detail": {"worker_pids": sorted(p for p in pids if p is not None),
+                       "num_workers": config.get("num_workers"),
+                       "prefetch_factor": config.get("prefetch_factor"),
+                       **({k: estimate["detail"][k] for k in ("batch_bytes", "shm_needed_bytes",
+                                                               "shm_available_bytes")} if estimate else {}),
+                       "shm_total_bytes": (system or {}).get("shm_total_bytes")},
+            "fix": estimate["fix"] if estimate else (
+                "Fewer batches in flight (a lower prefetch_factor or num_workers), smaller batches, "
+                "or more shared memory (docker run --shm-size=...)."),
+        })
+    return out
+
+
+SHARD_FIX = """class Shards(IterableDataset):
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        shard, shards = rank * workers + worker, world * workers
+        for i, sample in enumerate(self.samples()):
+            if i % shards == shard:  # or split the files: files[shard::shards]
+                yield sample"""
+
+
+def shard_findings(worker_events: list[dict]) -> list[dict]:
+    """Workers (of an IterableDataset) that yield the same batches: each sample read N times."""
+    latest: dict[str, dict] = {}
+    for event in worker_events:
+        if event.get("shard_check"):
+            latest[event.get("loader")] = event["shard_check"]
+    out = []
+    for loader, check in latest.items():
+        if check["repeated_batches"] < 0.9 * check["compared_batches"]:
+            continue  # chance repeats (values from a few prototypes) stay well below this
+        reads = check["reads_per_batch"]
+        out.append({
+            "kind": "duplicated_shards", "loader": loader, "severity": "critical",
+            "title": (f"The {check['workers']} workers of '{loader}' yield the same batches: every sample "
+                      f"is read {reads} times per epoch (the IterableDataset is not sharded by worker)"),
+            "detail": {"times_each_sample_read": reads, "workers": check["workers"],
+                       "compared_batches": check["compared_batches"],
+                       "repeated_batches": check["repeated_batches"]},
+            "fix": "Shard by worker (and by rank under DDP) with torch.utils.data.get_worker_info():\n" + SHARD_FIX,
+        })
+    return out
+
+
+def findings_from(worker_events: list[dict], configs: dict[str, dict | None],
+                  system: dict | None = None) -> list[dict]:
+    """Every finding of a run, from its "workers" events (summary["findings"])."""
+    mem_total = (system or {}).get("mem_total_bytes")
+    shm = shm_findings(worker_events, configs, system)
+    return (memory_growth_findings(worker_memory_series(worker_events), configs, mem_total)
+            + shm + sigbus_findings(worker_events, configs, shm, system) + shard_findings(worker_events))
+
+
+def stack_frames(stack: str | None) -> list[str]:
+    """The frames of the thread that loads data, innermost first, from a faulthandler dump:
+    the thread whose frames include a DataLoader fetch (or `__getitem__`/`__iter__`), else
+    the first thread written."""
+    if not stack:
+        return []
+    threads = [block.strip().splitlines() for block in stack.split("\n\n") if block.strip()]
+    threads = [[line.strip() for line in t[1:] if line.strip().startswith("File ")] for t in threads]
+    threads = [t for t in threads if t]
+    for marker in ("in fetch", "in __getitem__", "in __iter__", "in __next__"):
+        for frames in threads:
+            if any(line.endswith(marker) for line in frames):
+                return frames
+    return threads[0] if threads else []
+
+
+def stall_where(stall: dict) -> str:
+    """One line: who holds the stalled batch and where it is (console, CLI, exports)."""
+    parts = []
+    if stall.get("worker") is not None:
+        parts.append(f"worker {stall['worker']} (pid {stall.get('worker_pid')}, {stall.get('worker_state')})")
+    elif stall.get("worker_state"):
+        parts.append(stall["worker_state"])
+    if stall.get("phase") == "iter":
+        parts.append("inside iter() (start-up)")
+    if stall.get("indices"):
+        shown = stall["indices"][:8]
+        parts.append("loading indices " + ", ".join(map(str, shown)) + (" ..." if len(stall["indices"]) > 8 else ""))
+    frames = stack_frames(stall.get("stack"))
+    if frames:
+        parts.append("at " + frames[0])
+    return "; ".join(parts)
+
+
+def finding_line(finding: dict) -> str:
+    return f"[{finding.get('severity')}] {finding.get('title')}"
