@@ -11,7 +11,7 @@ healthy afterwards.
     STARVEWATCH_FUZZ=long python -m pytest -p no:cacheprovider tests/test_fuzz_api.py
 
 The default (`fast`, 25 examples per property, derandomized) is the one CI runs (~30 s); `long`
-draws 1,000 fresh examples per property (about half an hour on 2 cores);
+draws 1,000 fresh examples per property (about 10 minutes on 2 busy cores);
 STARVEWATCH_FUZZ_EXAMPLES=N sets any other number.
 """
 import gzip
