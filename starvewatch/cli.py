@@ -150,7 +150,7 @@ def _dir(args):
 def cmd_serve(args) -> int:
     from .monitor.settings import CollectorSettings
     settings = CollectorSettings(host=args.host, port=args.port, dir=_dir(args), db=args.db,
-                                 idle_exit_s=args.idle_exit)
+                                 idle_exit_s=args.idle_exit, lost_after_s=args.lost_after)
     if args.token:
         settings.token = args.token
     try:
@@ -202,6 +202,16 @@ def cmd_import(args) -> int:
     return EXIT_OK
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="starvewatch", description="Live GPU-starvation monitor for PyTorch training.",
@@ -224,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--token", help="require this token on every route (or STARVEWATCH_TOKEN)")
     serve.add_argument("--idle-exit", type=float, default=0.0, metavar="SECONDS",
                        help="exit after this long with no live run (default: never)")
+    serve.add_argument("--lost-after", type=_positive_seconds, default=60.0, metavar="SECONDS",
+                       help="a run whose processes sent nothing for this long without finishing "
+                            "(killed, crashed) is shown as lost (default 60)")
     serve.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 

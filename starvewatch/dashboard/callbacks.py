@@ -54,7 +54,7 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
         "missing": False,
         "title": [html.H2([summary["run"]["name"], " ", views.badge(status)]),
                   html.Div(html.Code(run_id))],
-        "banner": views.stall_banner(summary, status),
+        "banner": [b for b in (views.stall_banner(summary, status), views.delivery_banner(summary)) if b],
         "kpis": views.kpis(summary),
         "loader_options": [{"label": n, "value": n} for n in names],
         "loader": loader,

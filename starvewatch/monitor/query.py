@@ -92,8 +92,13 @@ class Query:
     def summary(self, run_id: str, rank: int | None = None) -> dict:
         meta = self.run_meta(run_id)
         loaders = self.store.loader_data(run_id, rank)
-        return summarize(meta, loaders, stalls=self.stalls(run_id), system=self.system_overview(run_id),
-                         previous=self.previous_summary(meta))
+        summary = summarize(meta, loaders, stalls=self.stalls(run_id), system=self.system_overview(run_id),
+                            previous=self.previous_summary(meta))
+        streams = [s for s in self.store.stream_rows(run_id) if rank is None or s["rank"] == rank]
+        delivery = merge_accounts([stream_account(s) for s in streams])
+        if delivery is not None:
+            summary["delivery"] = delivery
+        return summary
 
     def previous_summary(self, meta: dict) -> dict | None:
         """The latest earlier run with the same name (for verify-after-change)."""
@@ -158,7 +163,9 @@ class Query:
             "loaders": list(loaders.values()),
             "ranks": [{"rank": s["rank"], "stream": s["stream"], "last_seq": s["last_seq"],
                        "last_seen": iso(s["last_seen"]), "finished": bool(s["finished"]),
-                       "drops": orjson.loads(s["drops"])} for s in streams],
+                       "drops": orjson.loads(s["drops"]), "delivery": stream_account(s)} for s in streams],
+            # Summed over the processes that reported one (None when none has).
+            "delivery": merge_accounts([stream_account(s) for s in streams]),
         }
 
     # ---- raw records and series --------------------------------------------------------------
@@ -288,6 +295,29 @@ class Query:
             "SELECT rank, data FROM events WHERE run_id = ? AND kind = ? AND t_ns > ? ORDER BY t_ns LIMIT ?",
             (run_id, kind, since_ns, limit)).fetchall()
         return [{"rank": r[0], **orjson.loads(r[1])} for r in rows]
+
+
+def stream_account(stream_row) -> dict | None:
+    """The latest delivery account a process sent: {acknowledged, spooled, dropped: {reason: n}}."""
+    raw = stream_row["delivery"]
+    if not raw:
+        return None
+    account = orjson.loads(raw)
+    return {"acknowledged": account["acknowledged"], "spooled": account["spooled"],
+            "dropped": account["dropped"], "seq": account["seq"]}
+
+
+def merge_accounts(accounts: list[dict | None]) -> dict | None:
+    """The run's account: the processes' accounts added up; None when no process sent one."""
+    known = [a for a in accounts if a is not None]
+    if not known:
+        return None
+    dropped: dict[str, int] = {}
+    for a in known:
+        for reason, count in a["dropped"].items():
+            dropped[reason] = dropped.get(reason, 0) + count
+    return {"acknowledged": sum(a["acknowledged"] for a in known), "spooled": sum(a["spooled"] for a in known),
+            "dropped": dropped, "processes": len(known)}
 
 
 def _merge_stalls(events: list[dict]) -> list[dict]:
