@@ -175,6 +175,7 @@ def main() -> None:
     n, batches, loop_s, repeats = (100_000, 2_000, 3.0, 2) if args.quick else (1_000_000, 20_000, 30.0, 6)
 
     bare, watched, bare_cpu, watched_cpu = bare_iteration_ns(n, repeats)
+    iteration_added_ns = watched - bare
     print(f"bare iteration of {n:,} items: {bare:.0f} ns/item bare, {watched:.0f} ns/item watched "
           f"-> {watched - bare:.0f} ns added per batch in wall time (target <= 1000); the training "
           f"thread's own CPU: {watched_cpu - bare_cpu:.0f} ns added per batch")
@@ -215,7 +216,7 @@ def main() -> None:
           f"{pauses[False]['over_1ms_per_min']:.1f} bare")
     write_results("overhead", {
         "args": {"quick": args.quick, "loop_s": loop_s, "segment_s": segment_s},
-        "bare_iteration_ns_added": watched - bare,
+        "bare_iteration_ns_added": iteration_added_ns,
         "dataloader_best_of_pct": 100 * (watched_s / bare_s - 1), "dataloader_median_pct": 100 * (ratio - 1),
         "step_p99_ms": {"bare": bare_p99 * 1e3, "watched": mon_p99 * 1e3},
         "holdups": {"watched": pauses[True], "bare": pauses[False]},
