@@ -19,7 +19,8 @@ from .loader import (ACTIVE, WatchedIterable, WatchedIterator, WatchedIteratorPr
                      watched_dataloader_class)
 from .settings import HookSettings
 from .shipper import Shipper
-from .records import LocalPipeline
+from .account import Warnings
+from .records import LocalPipeline, with_buffer_drops
 from .sidecar_link import SidecarLink, SidecarPipeline
 from .transport import Delivery, HttpTransport, Spool, dumps
 
@@ -100,7 +101,8 @@ class Session:
         # First uses import modules; importing on the shipper thread would hand the GIL back
         # and forth with the training loop for a second. Here the loop has not started yet.
         dumps({"warm": [1]})
-        pipeline = LocalPipeline(Delivery(transport, Spool(self.spool_dir, settings.spool_max_bytes)),
+        pipeline = LocalPipeline(Delivery(transport, Spool(self.spool_dir, settings.spool_max_bytes),
+                                          warnings=Warnings(quiet=settings.quiet)),
                                  self.wall_offset_ns)
         # System sampling, record processing and delivery in a separate process: see
         # hooks/sidecar.py. The in-memory transport (tests) keeps records in this process.
@@ -193,7 +195,11 @@ class Session:
                    world_size=self.world_size)
         from ..monitor.system import overview
         history = [event for sampler in self.samplers for event in sampler.history]
-        return summarize(run, loaders, stalls=self.stalls, system=overview(history))
+        summary = summarize(run, loaders, stalls=self.stalls, system=overview(history))
+        # Where every step record went: acknowledged + spooled + dropped = the steps run.
+        summary["delivery"] = with_buffer_drops(self.shipper.pipeline.account(),
+                                                [s.describe(s.totals) for s in self.loader_list])
+        return summary
 
 
 def current_session() -> Session | None:

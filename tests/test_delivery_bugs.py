@@ -1,0 +1,111 @@
+"""Regression tests for four paths where step records vanished without a count (issue 13).
+Each failed before its fix."""
+import gzip
+import json
+import subprocess
+import time
+
+import pytest
+
+import starvewatch
+from starvewatch.hooks import cuda
+from tests.conftest import shipped_steps
+from tests.test_measurement import FakeGpu
+
+
+def _payload(seq: int, n: int, **steps_override) -> dict:
+    steps = {"loader": ["train"] * n, "epoch": [0] * n, "step": list(range(n)), "start_ns": [1] * n,
+             "wait_ns": [5] * n, "compute_ns": [5] * n, "other_ns": [0] * n, "batch_size": [None] * n,
+             "gpu_idle_ns": [None] * n}
+    steps.update(steps_override)
+    return {"schema": "starvewatch.events/1", "run_id": "bugs", "stream": "s", "seq": seq, "steps": steps}
+
+
+def test_a_batch_the_collector_rejects_goes_to_rejected_and_is_counted(collector, tmp_path):
+    """Before: a 4xx answer discarded the batch (and its spooled copy), counted only in an
+    internal `rejected` counter that nothing reported."""
+    from starvewatch.hooks.transport import Delivery, HttpTransport, Spool
+    c = collector()
+    spool_dir = tmp_path / "sw" / "spool" / "bugs" / "s"
+    delivery = Delivery(HttpTransport(c.url), Spool(spool_dir, 2**20))
+    delivery.deliver(_payload(1, 3))
+    delivery.deliver(_payload(2, 4, wait_ns=[-1] * 4))  # invalid: the collector answers 422
+    delivery.deliver(_payload(3, 5))
+    delivery.transport.close()
+    account = delivery.account()
+    assert account == {"acknowledged": 8, "spooled": 0, "dropped": {"rejected": 4}}
+    rejected = sorted((tmp_path / "sw" / "rejected" / "bugs" / "s").iterdir())
+    assert [p.name for p in rejected] == ["000000000002.json.gz"]
+    kept = json.loads(gzip.decompress(rejected[0].read_bytes()))
+    assert kept["steps"]["wait_ns"] == [-1] * 4  # the batch as sent, for a bug report
+
+
+def test_a_spooled_batch_rejected_on_replay_is_moved_not_deleted(collector, tmp_path):
+    from starvewatch.hooks.transport import Delivery, HttpTransport, Spool
+    c = collector()
+    spool_dir = tmp_path / "sw" / "spool" / "bugs" / "s"
+    offline = Delivery(None, Spool(spool_dir, 2**20))
+    offline.deliver(_payload(1, 2, wait_ns=[-1, -1]))
+    offline.deliver(_payload(2, 3))
+    assert offline.account() == {"acknowledged": 0, "spooled": 5, "dropped": {}}
+    online = Delivery(HttpTransport(c.url), Spool(spool_dir, 2**20))
+    assert online.replay() is True
+    online.transport.close()
+    assert online.account() == {"acknowledged": 3, "spooled": 0, "dropped": {"rejected": 2}}
+    assert [p.name for p in (tmp_path / "sw" / "rejected" / "bugs" / "s").iterdir()] == ["000000000001.json.gz"]
+    assert list(spool_dir.iterdir()) == []
+
+
+def test_the_spool_forgets_files_the_collector_swept_and_keeps_new_ones(tmp_path):
+    """Before: the spool's byte count never went down when the collector's sweep deleted
+    files, so after enough sweeps making room deleted every pending file."""
+    from starvewatch.hooks.transport import Spool
+    body = json.dumps(_payload(1, 200)).encode()
+    size = len(gzip.compress(body, compresslevel=1))
+    spool = Spool(tmp_path / "spool", max_bytes=int(3.5 * size))
+    for seq in range(1, 4):
+        spool.write(seq, body, 200)
+    for path in spool.pending():  # the collector's sweep ingests and deletes them
+        path.unlink()
+    for seq in range(4, 7):
+        spool.write(seq, body, 200)
+    assert [p.name for p in spool.pending()] == [f"{seq:012d}.json.gz" for seq in range(4, 7)]
+    assert spool.dropped_records == 0
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    path = tmp_path / "ro"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(path)], check=True)
+    yield path
+    subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_batch_the_sidecar_could_not_spool_is_counted_not_forgotten(read_only_dir, monkeypatch):
+    """Before: the sidecar acknowledged a batch whose delivery raised OSError (a full or
+    read-only disk), so the training process forgot it and nothing counted it."""
+    from starvewatch.hooks.session import current_session
+    from starvewatch.hooks.sidecar_link import SidecarPipeline
+    monkeypatch.setenv("STARVEWATCH_DIR", str(read_only_dir))  # URL off: everything goes to the spool
+    for _ in starvewatch.watch(range(300)):
+        time.sleep(0.0005)
+    assert isinstance(current_session().shipper.pipeline, SidecarPipeline)
+    summary = starvewatch.finish()
+    assert summary["loaders"][0]["steps"] == 300
+    assert summary["delivery"] == {"acknowledged": 0, "spooled": 0, "dropped": {"spool_unwritable": 300}}
+
+
+def test_records_held_for_a_pending_cuda_event_keep_their_order(monkeypatch, memory_run):
+    """Before: records whose CUDA events were still pending were shipped after later records
+    (of the same loader) that had no event: the order of steps was lost."""
+    session, transport = memory_run
+    gpu = FakeGpu()
+    monkeypatch.setattr(cuda, "detect_event_factory", lambda: gpu.event)
+    session._gpu_timer = cuda.CudaEventTimer(gpu.event, pool_size=4)  # steps past 4 get no event
+    gpu.launch(0.7)  # the first steps' events stay pending across shipping cycles (0.5 s)
+    for _ in starvewatch.watch(range(240), name="train"):
+        time.sleep(0.005)
+    starvewatch.finish()
+    assert len(transport.payloads) >= 2
+    assert shipped_steps(transport) == [("train", 0, i) for i in range(240)]  # as shipped, not sorted
