@@ -9,13 +9,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FaultProxy:
-    """`mode`: "pass", "slow" (sleep `delay_s`, then pass), "500" (answer 500 at once)."""
+    """`mode`: "pass", "slow" (sleep `delay_s`, then pass), "500" (answer 500 at once);
+    `max_body`: a smaller body limit than the collector's (413 above it)."""
 
     def __init__(self, upstream_port: int, delay_s: float = 2.0) -> None:
         self.upstream_port = upstream_port
         self.delay_s = delay_s
         self.mode = "pass"
-        self.requests = {"pass": 0, "slow": 0, "500": 0}
+        self.requests = {"pass": 0, "slow": 0, "500": 0, "413": 0}
+        self.max_body: int | None = None  # answer 413 to bodies over this many bytes (as sent)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -27,6 +29,9 @@ class FaultProxy:
             def _handle(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 mode = proxy.mode
+                if proxy.max_body is not None and len(body) > proxy.max_body:
+                    proxy.requests["413"] += 1
+                    return self._answer(413, b'{"detail": "body over the limit"}', "application/json")
                 proxy.requests[mode] += 1
                 if mode == "500":
                     return self._answer(500, b'{"detail": "injected fault"}', "application/json")

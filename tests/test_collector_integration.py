@@ -69,21 +69,21 @@ def test_watched_training_reaches_the_collector_and_summaries_agree(collector, m
 
 
 _LONG_RUN = """
-import os, sys, time, starvewatch
+import json, os, sys, time, starvewatch
 loader = starvewatch.watch(range(int(sys.argv[1])), name="train")
 for i in loader:
     time.sleep(0.002)
     if i == 50:
         open(sys.argv[2], "w").write("midway")
 summary = starvewatch.finish()
-print(summary["run"]["id"])
+print(json.dumps({"run_id": summary["run"]["id"], "delivery": summary["delivery"]}))
 """
 
 
 def test_collector_killed_and_restarted_mid_run_loses_and_duplicates_nothing(collector, tmp_path):
     c = collector()
     marker = tmp_path / "midway"
-    env = dict(os.environ, STARVEWATCH_URL=c.url, STARVEWATCH_RUN_NAME="resilient")
+    env = dict(os.environ, STARVEWATCH_URL=c.url, STARVEWATCH_RUN_NAME="resilient", STARVEWATCH_QUIET="0")
     steps = 1500
     proc = subprocess.Popen([sys.executable, "-c", _LONG_RUN, str(steps), str(marker)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -98,7 +98,12 @@ def test_collector_killed_and_restarted_mid_run_loses_and_duplicates_nothing(col
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    run_id = out.strip().splitlines()[-1]
+    result = json.loads(out.strip().splitlines()[-1])
+    run_id, account = result["run_id"], result["delivery"]
+    # Each record acknowledged or still in the spool at exit; none dropped.
+    assert account["acknowledged"] + account["spooled"] == steps and account["dropped"] == {}, account
+    said = [line for line in err.splitlines() if line.startswith("starvewatch: warning:")]
+    assert len(said) == 1 and "does not answer" in said[0], err
     # Whatever was still spooled at exit is swept in by the collector (start-up or sweep).
     def complete():
         summary = c.get(f"/api/v1/runs/{run_id}/summary")

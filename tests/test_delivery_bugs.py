@@ -109,3 +109,51 @@ def test_records_held_for_a_pending_cuda_event_keep_their_order(monkeypatch, mem
     starvewatch.finish()
     assert len(transport.payloads) >= 2
     assert shipped_steps(transport) == [("train", 0, i) for i in range(240)]  # as shipped, not sorted
+
+
+def test_a_batch_over_the_body_limit_is_split_and_the_limit_remembered(collector, tmp_path):
+    from benchmarks.faultproxy import FaultProxy
+    from starvewatch.hooks.transport import Delivery, HttpTransport, Spool
+    c = collector()
+    proxy = FaultProxy(c.port)
+    proxy.max_body = 6_000  # bytes as sent (gzip): about 1,000 of these records
+    try:
+        delivery = Delivery(HttpTransport(proxy.url), Spool(tmp_path / "spool" / "bugs" / "s", 2**20))
+        n = 5_000
+        big = _payload(1, n, start_ns=list(range(n)), wait_ns=[(i * 7919) % 10**6 for i in range(n)])
+        big["loaders"] = [{"name": "train", "totals": {"steps": n, "epochs": 1}}]
+        delivery.deliver(big)
+        first_413s = proxy.requests["413"]
+        assert first_413s >= 1 and delivery.max_records is not None
+        second = dict(big, seq=2, steps=dict(big["steps"], step=list(range(n, 2 * n))),
+                      loaders=[{"name": "train", "totals": {"steps": 2 * n, "epochs": 1}}])
+        delivery.deliver(second)
+        assert proxy.requests["413"] == first_413s  # knowing the limit, it never sent over it again
+        assert delivery.account() == {"acknowledged": 2 * n, "spooled": 0, "dropped": {}}
+        delivery.transport.close()
+    finally:
+        proxy.close()
+    summary = c.get("/api/v1/runs/bugs/summary")
+    assert summary["loaders"][0]["steps"] == 2 * n  # the totals, once
+    seen, after = [], 0
+    while after is not None:
+        page = c.get(f"/api/v1/runs/bugs/steps?limit=100000&after={after}")
+        seen += [r["step"] for r in page["steps"]]
+        after = page["next_after"]
+    assert sorted(seen) == list(range(2 * n))
+    assert c.get("/api/v1/runs/bugs")["run"]["status"] != "lost"
+
+
+def test_a_single_record_over_the_limit_is_dropped_and_counted(collector, tmp_path):
+    from benchmarks.faultproxy import FaultProxy
+    from starvewatch.hooks.transport import Delivery, HttpTransport, Spool
+    c = collector()
+    proxy = FaultProxy(c.port)
+    proxy.max_body = 420  # the batch's header fits; one record with a 200-character loader name does not
+    try:
+        delivery = Delivery(HttpTransport(proxy.url), Spool(tmp_path / "spool" / "bugs" / "s", 2**20))
+        delivery.deliver(_payload(1, 3, loader=["x" * 200] * 3))
+        assert delivery.account() == {"acknowledged": 0, "spooled": 0, "dropped": {"too_large": 3}}
+        delivery.transport.close()
+    finally:
+        proxy.close()

@@ -128,6 +128,8 @@ def _assert_every_step_once(c, session, total):
     summary = starvewatch.finish()
     assert summary["loaders"][0]["steps"] == total
     assert session.shipper.book().stats[0].wait.count == total
+    # The account: what the sidecar settled before it went, and what this process did after.
+    assert summary["delivery"] == {"acknowledged": total, "spooled": 0, "dropped": {}}
     run_id = summary["run"]["id"]
     assert c.get(f"/api/v1/runs/{run_id}/summary")["loaders"][0]["steps"] == total
     seen, after = [], 0
@@ -208,9 +210,12 @@ def test_batches_let_go_past_the_bound_are_counted_when_the_sidecar_then_dies(co
     finally:
         if link.proc.poll() is None:
             os.kill(link.proc.pid, signal.SIGCONT)
-    lost = session.shipper.pipeline.lost_records
     summary = starvewatch.finish()
+    lost = session.shipper.pipeline.lost_records
     assert lost > 0 and summary["loaders"][0]["steps"] + lost == first + second
+    account = summary["delivery"]
+    assert account["dropped"] == {"sidecar_died": lost} and account["spooled"] == 0
+    assert account["acknowledged"] + lost == first + second
     assert c.get(f"/api/v1/runs/{summary['run']['id']}/summary")["loaders"][0]["steps"] == first + second - lost
 
 
