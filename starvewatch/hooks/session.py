@@ -28,6 +28,7 @@ _LOCK = threading.RLock()
 _SESSION: "Session | None" = None
 _LAST_SUMMARY: dict | None = None
 _ATEXIT_REGISTERED = False
+FINISH_GRACE_S = 15.0  # how much longer finish() waits for a final cycle slowed by the machine
 
 
 class LoaderState:
@@ -272,7 +273,14 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         session.ended_at = time.time()
         for sampler in session.samplers:
             sampler.stop()
-        if session.shipper.stop(session.settings.flush_timeout_s + 1.0) and session.transport is not None:
+        done = session.shipper.stop(session.settings.flush_timeout_s + 1.0)
+        if not done:
+            # Network waits in the final cycle are bounded by the flush deadline; what is left
+            # is CPU work on the last records, which the summary and the account need. On an
+            # overloaded machine it takes longer: wait for it rather than report a summary
+            # without the last steps (the collector would then hold more than finish() said).
+            done = session.shipper.wait(FINISH_GRACE_S)
+        if done and session.transport is not None:
             session.transport.close()
         if session.sidecar is not None:
             session.sidecar.close()

@@ -95,6 +95,10 @@ class Shipper(threading.Thread):
             self._done.set()
         return self._done.wait(timeout_s)
 
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for the final flush requested by `stop`; True when it completed."""
+        return self._done.wait(timeout_s)
+
     def _note_error(self, text: str) -> None:
         if len(self.errors) < 20:
             self.errors.append(text)
@@ -175,6 +179,11 @@ class Shipper(threading.Thread):
         try:
             if final:
                 pipeline.flush(deadline)
+                if not session.active:
+                    # One more batch without records: the run's final delivery account (the
+                    # last batch carried the account as it stood before its own delivery), so
+                    # the collector shows what was dropped up to the end.
+                    self._send({}, True, deadline)
             else:
                 pipeline.replay()
         except TransportError as exc:
