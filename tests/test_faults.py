@@ -139,6 +139,9 @@ def test_a_wrong_token_keeps_records_in_the_spool_until_the_right_one(collector,
     account = check_account(result)
     assert account == {"acknowledged": STEPS, "spooled": 0, "dropped": {}}  # all replayed
     held_once(c, result["run_id"], STEPS)
+    # The run's last batch told the collector the final account.
+    wait_until(lambda: c.get(f"/api/v1/runs/{result['run_id']}")["delivery"] == {**account, "processes": 1},
+               timeout_s=10, what="the final account at the collector")
     said_once(err, "rejected our token (401)")
 
 
