@@ -89,3 +89,32 @@ def test_lost_after_must_be_a_positive_number_of_seconds(isolated_starvewatch):
                               "--lost-after", bad], capture_output=True, text=True, timeout=60)
         assert out.returncode == 2, (bad, out.stderr)
         assert "--lost-after" in out.stderr and "Traceback" not in out.stderr
+
+
+# ---- the training process's side: every record in exactly one place -------------------------
+def test_a_full_spool_drops_the_oldest_batches_and_counts_them(tmp_path):
+    from starvewatch.hooks.transport import Delivery, Spool
+    steps = lambda first, n: {"loader": ["train"] * n, "epoch": [0] * n, "step": list(range(first, first + n)),  # noqa: E731
+                              "start_ns": [1] * n, "wait_ns": [5] * n, "compute_ns": [5] * n, "other_ns": [0] * n,
+                              "batch_size": [None] * n, "gpu_idle_ns": [None] * n}
+    delivery = Delivery(None, Spool(tmp_path / "spool" / "r" / "s", max_bytes=2_000))  # no collector
+    for seq in range(1, 9):
+        delivery.deliver({"schema": "starvewatch.events/1", "run_id": "r", "stream": "s", "seq": seq,
+                          "steps": steps(100 * seq, 100)})
+    account = delivery.account()
+    files = sorted(p.name for p in (tmp_path / "spool" / "r" / "s").iterdir())
+    assert account["acknowledged"] == 0 and account["spooled"] == 100 * len(files)
+    assert account["dropped"] == {"spool_full": 800 - 100 * len(files)} and len(files) < 8
+    assert files[-1] == "000000000008.json.gz"  # the newest kept, the oldest dropped
+
+
+def test_records_a_full_buffer_never_recorded_are_in_the_account(memory_run):
+    import starvewatch
+    session, transport = memory_run
+    session.settings.buffer_capacity = 50  # the shipper drains twice a second: most steps overflow
+    for _ in starvewatch.watch(range(3000), name="train"):
+        pass
+    summary = starvewatch.finish()
+    lost = summary["loaders"][0]["dropped_records"]
+    assert lost > 0 and summary["loaders"][0]["steps"] == 3000
+    assert summary["delivery"] == {"acknowledged": 3000 - lost, "spooled": 0, "dropped": {"buffer_full": lost}}
