@@ -318,10 +318,19 @@ class SidecarPipeline:
         self._trim()
         self.lost_records += sum(self._let_go.values())  # neither in the book nor here
         self._let_go.clear()
-        # What the sidecar settled stays settled; the spool's part is read from the spool.
+        # What the sidecar settled stays settled; the spool's part is read from the spool. The
+        # batches re-delivered from memory below leave the spool first (the sidecar may have
+        # spooled them after its last report), so no record is in two places.
+        spool = self.local.delivery.spool
+        for seq in self._unacked:
+            spool.remove(spool.directory / f"{seq:012d}.json.gz")
         settled = self.link.account or empty_account()
-        self.local.inherited = add_accounts({"acknowledged": settled["acknowledged"], "dropped": settled["dropped"]},
-                                            {"dropped": {"sidecar_died": self.lost_records}})
+        # Spooled records the sidecar reported that are gone now were delivered meanwhile (its
+        # replay, or the collector's sweep of the spool directory).
+        taken = max(0, settled["spooled"] - spool.records)
+        self.local.inherited = add_accounts(
+            {"acknowledged": settled["acknowledged"] + taken, "dropped": settled["dropped"]},
+            {"dropped": {"sidecar_died": self.lost_records}})
         for header, parts, _ in self._unacked.values():
             self.local.send_packed(header, parts, deadline)
         self._unacked.clear()
