@@ -26,7 +26,7 @@ from pathlib import Path
 
 PRODUCER = r"""
 import sys, time, json
-from starvewatch.hooks.transport import HttpTransport
+from starvewatch.hooks.delivery.transport import HttpTransport
 url, seconds, batch = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 t = HttpTransport(url, timeout_s=60)
 now = time.time_ns()

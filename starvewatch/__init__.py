@@ -10,8 +10,8 @@ from __future__ import annotations
 from .hooks.loader import _PhaseTimer, _StepTimer
 from .hooks.session import finish, init, watch
 from .schema import SUMMARY_SCHEMA
+from .version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["init", "watch", "step", "phase", "finish", "SUMMARY_SCHEMA", "__version__"]
 
 

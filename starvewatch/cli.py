@@ -40,7 +40,7 @@ def cmd_demo(args) -> int:
 def _source(args):
     import os
 
-    from .hooks.settings import DEFAULT_URL, OFF_VALUES
+    from .defaults import DEFAULT_URL, OFF_VALUES
     from .monitor.sources import open_source
     url = getattr(args, "url", None) or os.environ.get("STARVEWATCH_URL") or DEFAULT_URL
     if url.strip().lower() in OFF_VALUES:
@@ -143,7 +143,7 @@ def fail(message: str, code: int = EXIT_ERROR) -> int:
 def _dir(args):
     from pathlib import Path
 
-    from .hooks.settings import default_dir
+    from .defaults import default_dir
     return Path(args.dir) if getattr(args, "dir", None) else default_dir()
 
 
@@ -216,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="starvewatch", description="Live GPU-starvation monitor for PyTorch training.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from . import __version__
+    from .version import __version__
     parser.add_argument("--version", action="version", version=f"starvewatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

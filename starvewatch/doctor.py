@@ -46,9 +46,9 @@ def run_checks(directory: Path):
         writable = False
     yield ("data directory", writable, f"{directory} {'is writable' if writable else 'is not writable'}",
            None if writable else "set STARVEWATCH_DIR to a writable directory")
-    from .hooks.collector_link import probe
-    from .hooks.settings import DEFAULT_URL
-    from .hooks.transport import HttpTransport
+    from .defaults import DEFAULT_URL
+    from .hooks.delivery.collector_link import probe
+    from .hooks.delivery.transport import HttpTransport
     url = os.environ.get("STARVEWATCH_URL") or DEFAULT_URL
     if url.lower() in ("off", "none", "0", "false"):
         yield ("collector", True, "STARVEWATCH_URL=off: data stays in the spool", None)

@@ -3,7 +3,7 @@ import os
 import pytest
 
 import starvewatch
-from starvewatch.hooks.transport import MemoryTransport
+from starvewatch.hooks.delivery.transport import MemoryTransport
 
 _DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
               "TORCHELASTIC_RUN_ID", "STARVEWATCH_RUN_ID", "STARVEWATCH_RUN_NAME",

@@ -93,7 +93,7 @@ def test_lost_after_must_be_a_positive_number_of_seconds(isolated_starvewatch):
 
 # ---- the training process's side: every record in exactly one place -------------------------
 def test_a_full_spool_drops_the_oldest_batches_and_counts_them(tmp_path):
-    from starvewatch.hooks.transport import Delivery, Spool
+    from starvewatch.hooks.delivery.transport import Delivery, Spool
     steps = lambda first, n: {"loader": ["train"] * n, "epoch": [0] * n, "step": list(range(first, first + n)),  # noqa: E731
                               "start_ns": [1] * n, "wait_ns": [5] * n, "compute_ns": [5] * n, "other_ns": [0] * n,
                               "batch_size": [None] * n, "gpu_idle_ns": [None] * n}

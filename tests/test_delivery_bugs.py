@@ -24,7 +24,7 @@ def _payload(seq: int, n: int, **steps_override) -> dict:
 def test_a_batch_the_collector_rejects_goes_to_rejected_and_is_counted(collector, tmp_path):
     """Before: a 4xx answer discarded the batch (and its spooled copy), counted only in an
     internal `rejected` counter that nothing reported."""
-    from starvewatch.hooks.transport import Delivery, HttpTransport, Spool
+    from starvewatch.hooks.delivery.transport import Delivery, HttpTransport, Spool
     c = collector()
     spool_dir = tmp_path / "sw" / "spool" / "bugs" / "s"
     delivery = Delivery(HttpTransport(c.url), Spool(spool_dir, 2**20))
@@ -41,7 +41,7 @@ def test_a_batch_the_collector_rejects_goes_to_rejected_and_is_counted(collector
 
 
 def test_a_spooled_batch_rejected_on_replay_is_moved_not_deleted(collector, tmp_path):
-    from starvewatch.hooks.transport import Delivery, HttpTransport, Spool
+    from starvewatch.hooks.delivery.transport import Delivery, HttpTransport, Spool
     c = collector()
     spool_dir = tmp_path / "sw" / "spool" / "bugs" / "s"
     offline = Delivery(None, Spool(spool_dir, 2**20))
@@ -59,7 +59,7 @@ def test_a_spooled_batch_rejected_on_replay_is_moved_not_deleted(collector, tmp_
 def test_the_spool_forgets_files_the_collector_swept_and_keeps_new_ones(tmp_path):
     """Before: the spool's byte count never went down when the collector's sweep deleted
     files, so after enough sweeps making room deleted every pending file."""
-    from starvewatch.hooks.transport import Spool
+    from starvewatch.hooks.delivery.transport import Spool
     body = json.dumps(_payload(1, 200)).encode()
     size = len(gzip.compress(body, compresslevel=1))
     spool = Spool(tmp_path / "spool", max_bytes=int(3.5 * size))
@@ -86,7 +86,7 @@ def test_a_batch_the_sidecar_could_not_spool_is_counted_not_forgotten(read_only_
     """Before: the sidecar acknowledged a batch whose delivery raised OSError (a full or
     read-only disk), so the training process forgot it and nothing counted it."""
     from starvewatch.hooks.session import current_session
-    from starvewatch.hooks.sidecar_link import SidecarPipeline
+    from starvewatch.hooks.delivery.sidecar_link import SidecarPipeline
     monkeypatch.setenv("STARVEWATCH_DIR", str(read_only_dir))  # URL off: everything goes to the spool
     for _ in starvewatch.watch(range(300)):
         time.sleep(0.0005)
@@ -113,7 +113,7 @@ def test_records_held_for_a_pending_cuda_event_keep_their_order(monkeypatch, mem
 
 def test_a_batch_over_the_body_limit_is_split_and_the_limit_remembered(collector, tmp_path):
     from benchmarks.faultproxy import FaultProxy
-    from starvewatch.hooks.transport import Delivery, HttpTransport, Spool
+    from starvewatch.hooks.delivery.transport import Delivery, HttpTransport, Spool
     c = collector()
     proxy = FaultProxy(c.port)
     proxy.max_body = 6_000  # bytes as sent (gzip): about 1,000 of these records
@@ -146,7 +146,7 @@ def test_a_batch_over_the_body_limit_is_split_and_the_limit_remembered(collector
 
 def test_a_single_record_over_the_limit_is_dropped_and_counted(collector, tmp_path):
     from benchmarks.faultproxy import FaultProxy
-    from starvewatch.hooks.transport import Delivery, HttpTransport, Spool
+    from starvewatch.hooks.delivery.transport import Delivery, HttpTransport, Spool
     c = collector()
     proxy = FaultProxy(c.port)
     proxy.max_body = 420  # the batch's header fits; one record with a 200-character loader name does not

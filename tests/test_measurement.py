@@ -82,6 +82,23 @@ def test_step_decorator_and_nesting_count_the_outermost_block(memory_run):
     assert 2.5 < loader["compute_ms"]["mean"] < 6
 
 
+def test_step_by_loader_name_marks_that_loaders_compute(memory_run):
+    """`step("train")` inside a validation loop run within a training step: the block is the
+    training step's compute (found by name in the current run), not the validation loader's."""
+    train = starvewatch.watch(range(20), name="train")
+    val = starvewatch.watch(range(1), name="val")
+    for _ in train:
+        for _ in val:
+            with starvewatch.step("train"):
+                time.sleep(0.01)
+        with starvewatch.step("no-such-loader"):  # no loader of that name: nothing to mark
+            pass
+    loaders = {entry["name"]: entry for entry in starvewatch.finish()["loaders"]}
+    # Without the name, the validation epoch would be cut out of the training step: ~0 ms.
+    assert loaders["train"]["compute_ms"]["mean"] >= 9.5
+    assert loaders["val"]["steps"] == 20
+
+
 def test_phases_are_recorded_per_step(memory_run):
     session, transport = memory_run
     for _ in starvewatch.watch(range(3)):
@@ -213,7 +230,7 @@ def test_exhausted_event_pool_skips_rather_than_blocks(monkeypatch, memory_run):
 
 _DIST_SCRIPT = """
 import starvewatch, json
-from starvewatch.hooks.transport import MemoryTransport
+from starvewatch.hooks.delivery.transport import MemoryTransport
 s = starvewatch.init('ddp', transport=MemoryTransport())
 print(json.dumps([s.run_id, s.rank, s.world_size]))
 """

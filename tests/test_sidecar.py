@@ -52,7 +52,7 @@ def test_a_dead_sidecar_falls_back_to_sampling_in_process(memory_run):
 
 def test_sidecar_off_samples_in_process(monkeypatch):
     monkeypatch.setenv("STARVEWATCH_SIDECAR", "0")
-    from starvewatch.hooks.transport import MemoryTransport
+    from starvewatch.hooks.delivery.transport import MemoryTransport
     session = starvewatch.init("no-sidecar", transport=MemoryTransport())
     children = psutil.Process().children()
     list(starvewatch.watch(range(3)))
@@ -97,7 +97,7 @@ def _loop_until(condition, what="condition"):
 
 def test_batches_travel_through_the_sidecar_to_the_collector(collector, monkeypatch):
     from starvewatch.hooks.session import current_session
-    from starvewatch.hooks.sidecar_link import SidecarPipeline
+    from starvewatch.hooks.delivery.sidecar_link import SidecarPipeline
     c = collector()
     monkeypatch.setenv("STARVEWATCH_URL", c.url)
     starvewatch.init("via-sidecar")
@@ -150,7 +150,7 @@ def test_a_sidecar_killed_mid_run_loses_and_doubles_nothing(collector, monkeypat
 
 
 def test_a_frozen_sidecar_is_replaced_and_nothing_is_lost(collector, monkeypatch):
-    from starvewatch.hooks.sidecar_link import SidecarLink
+    from starvewatch.hooks.delivery.sidecar_link import SidecarLink
     monkeypatch.setattr(SidecarLink, "WRITE_TIMEOUT_S", 1.0)
     c, session, link, first = _watched_run_with_collector(collector, monkeypatch, "sidecar-frozen")
     os.kill(link.proc.pid, signal.SIGSTOP)  # alive but reading nothing: the pipe fills up
@@ -165,10 +165,11 @@ def test_a_frozen_sidecar_is_replaced_and_nothing_is_lost(collector, monkeypatch
 def test_the_sidecar_builds_the_same_batches_and_book_as_the_training_process(tmp_path):
     """Raw records cross the pipe (marshal) and the sidecar builds the batches with numpy
     histograms: the steps, phases, totals and statistics equal the in-process path's."""
-    from starvewatch.hooks.records import LocalPipeline
+    from starvewatch.hooks.delivery.records import LocalPipeline
     from starvewatch.hooks.session import current_session
-    from starvewatch.hooks.sidecar_link import SidecarPipeline
-    from starvewatch.hooks.transport import Delivery, MemoryTransport, Spool, read_spool_file
+    from starvewatch.hooks.delivery.sidecar_link import SidecarPipeline
+    from starvewatch.hooks.delivery.transport import Delivery, MemoryTransport, Spool
+    from starvewatch.spool_format import read_spool_file
     starvewatch.watch([1], name="train")
     starvewatch.watch([2], name="val")
     session = current_session()  # STARVEWATCH_URL=off: delivered to the spool by the sidecar
@@ -201,7 +202,7 @@ def test_the_sidecar_builds_the_same_batches_and_book_as_the_training_process(tm
 def test_batches_let_go_past_the_bound_are_counted_when_the_sidecar_then_dies(collector, monkeypatch):
     """The training process keeps unacknowledged batches only up to a bound; if the sidecar
     then dies, the ones it let go are missing, and counted as such (never silently)."""
-    from starvewatch.hooks.sidecar_link import SidecarLink, SidecarPipeline
+    from starvewatch.hooks.delivery.sidecar_link import SidecarLink, SidecarPipeline
     monkeypatch.setattr(SidecarLink, "WRITE_TIMEOUT_S", 1.0)
     monkeypatch.setattr(SidecarPipeline, "MAX_UNACKED_BYTES", 0)  # keep nothing for re-delivery
     c, session, link, first = _watched_run_with_collector(collector, monkeypatch, "sidecar-let-go")
@@ -222,7 +223,7 @@ def test_batches_let_go_past_the_bound_are_counted_when_the_sidecar_then_dies(co
 
 def test_pipe_io_keeps_the_gil_and_behaves_like_os_read_and_write():
     import pytest
-    from starvewatch.hooks.sidecar_link import PipeIO
+    from starvewatch.hooks.delivery.sidecar_link import PipeIO
     io = PipeIO()
     assert io._libc is not None  # glibc here: the GIL-keeping path is the one under test
     r, w = os.pipe()
@@ -273,8 +274,8 @@ def test_gpu_measurements_travel_through_the_sidecar(monkeypatch):
     import time
     from starvewatch.hooks import cuda
     from starvewatch.hooks.session import current_session
-    from starvewatch.hooks.sidecar_link import SidecarPipeline
-    from starvewatch.hooks.transport import read_spool_file
+    from starvewatch.hooks.delivery.sidecar_link import SidecarPipeline
+    from starvewatch.spool_format import read_spool_file
     from tests.test_measurement import FakeGpu
     gpu = FakeGpu()
     monkeypatch.setattr(cuda, "detect_event_factory", lambda: gpu.event)

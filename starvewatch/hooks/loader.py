@@ -14,21 +14,15 @@ from time import perf_counter_ns as _now
 from time import thread_time_ns
 
 from .introspect import leading_dim
+# The records appended below are laid out as record_layout.py says (FAST_RECORD_LEN from the
+# fast path, FULL_RECORD_LEN from the general one): delivery reads them by those positions.
+from .record_layout import FAST_RECORD_LEN, FULL_RECORD_LEN  # noqa: F401
 
 # Weak references to the iterators of the epochs in progress, innermost last. `step()` and
 # `phase()` attribute to the top one; an epoch that starts while another loader's step is open
 # (validation inside a training step) is subtracted from that step's compute. Weak, so that a
 # loop that breaks drops its iterator (and its worker processes) at once.
 ACTIVE: list = []
-
-# Two record layouts, tuples as short as possible (allocation dominates the hot path):
-# fast: ((loader index, epoch), step, t_call, t_return, t_next_call, batch size): raw clock
-#       reads, turned into wait and compute on the shipper thread;
-# full: ((loader index, epoch), step, start, wait, compute, batch size, other, gpu token, phases)
-#       when step(), phase(), nesting, a CUDA event or the epoch's first batch touched the step.
-R_KEY, R_STEP, R_START, R_WAIT, R_COMPUTE, R_BATCH, R_OTHER, R_GPU, R_PHASES = range(9)
-FAST_RECORD_LEN = 6   # (key, step, t_call, t_ret, t_next, batch size): raw clock reads
-FULL_RECORD_LEN = 9   # (key, step, t_start, wait, compute, batch size, other, gpu, phases)
 
 
 class WatchedIterator:
@@ -354,14 +348,27 @@ def is_watched(obj) -> bool:
 # ---- step() and phase() --------------------------------------------------------------------
 
 
+def _no_loaders_by_name(name: str):
+    return None
+
+
+# `step("train")` finds a loader by name in the current run. Runs live in the session, which
+# installs its lookup here (set_loader_lookup): the hot path imports nothing of the session.
+_loader_by_name = _no_loaders_by_name
+
+
+def set_loader_lookup(lookup) -> None:
+    """`lookup(name)`: the state of the current run's loader of that name, or None."""
+    global _loader_by_name
+    _loader_by_name = lookup
+
+
 def _target(loader):
     if loader is None:
         return ACTIVE[-1]() if ACTIVE else None
     state = None
     if isinstance(loader, str):
-        from . import session  # loaders by name live in the session
-        current = session.current_session()
-        state = current.loaders.get(loader) if current is not None else None
+        state = _loader_by_name(loader)
     elif is_watched(loader):
         state = getattr(type(loader), "_starvewatch_state", None) or loader.__dict__.get("_sw_state")
     ref = state.current if state is not None else None

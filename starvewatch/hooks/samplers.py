@@ -264,8 +264,7 @@ class Sampler(threading.Thread):
                 if now >= next_host or final:
                     if link is not None:
                         if link.collector is not None:  # what the sidecar found at the URL
-                            from .collector_link import announce
-                            announce(self.session, link.collector)
+                            self.session.announce_collector(link.collector)
                             link.collector = None
                         for reading in link.final_readings(1.5) if final else link.take_readings():
                             kind = reading.get("kind")

@@ -15,14 +15,14 @@ from time import perf_counter_ns
 from . import cuda
 from .identity import default_run_name, rank_info, run_id_for, run_metadata
 from .introspect import dataloader_config, is_torch_dataloader
+from .delivery.account import Warnings
+from .delivery.records import LocalPipeline, with_buffer_drops
+from .delivery.shipper import Shipper
+from .delivery.sidecar_link import SidecarLink, SidecarPipeline
+from .delivery.transport import Delivery, HttpTransport, Spool, dumps
 from .loader import (ACTIVE, WatchedIterable, WatchedIterator, WatchedIteratorProxy, is_watched,
-                     watched_dataloader_class)
+                     set_loader_lookup, watched_dataloader_class)
 from .settings import HookSettings
-from .shipper import Shipper
-from .account import Warnings
-from .records import LocalPipeline, with_buffer_drops
-from .sidecar_link import SidecarLink, SidecarPipeline
-from .transport import Delivery, HttpTransport, Spool, dumps
 
 _LOCK = threading.RLock()
 _SESSION: "Session | None" = None
@@ -106,7 +106,7 @@ class Session:
                                           warnings=Warnings(quiet=settings.quiet)),
                                  self.wall_offset_ns)
         # System sampling, record processing and delivery in a separate process: see
-        # hooks/sidecar.py. The in-memory transport (tests) keeps records in this process.
+        # hooks/delivery/sidecar.py. The in-memory transport (tests) keeps records in this process.
         self.sidecar = SidecarLink.start(self) if settings.sidecar else None
         if self.sidecar is not None and (transport is None or self.delivers_over_http):
             pipeline = SidecarPipeline(self.sidecar, pipeline)
@@ -172,8 +172,13 @@ class Session:
     def on_shipper_start(self, shipper) -> None:
         self.metadata()
         if self.delivers_over_http and not isinstance(shipper.pipeline, SidecarPipeline):
-            from .collector_link import connect
+            from .delivery.collector_link import connect
             connect(self)
+
+    def announce_collector(self, found: str) -> None:
+        """What the sidecar found at the collector's URL (the sampler thread passes it on)."""
+        from .delivery.collector_link import announce
+        announce(self, found)
 
     def close_open_steps(self) -> None:
         now = perf_counter_ns()
@@ -205,6 +210,15 @@ class Session:
 
 def current_session() -> Session | None:
     return _SESSION
+
+
+def _loader_in_current_run(name: str) -> LoaderState | None:
+    """For `step("name")` (the hot path asks; see loader.set_loader_lookup)."""
+    session = _SESSION
+    return session.loaders.get(name) if session is not None else None
+
+
+set_loader_lookup(_loader_in_current_run)
 
 
 def _register_atexit() -> None:

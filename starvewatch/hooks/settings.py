@@ -5,10 +5,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_PORT = 8412
-DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
-# STARVEWATCH_URL=off keeps everything in the local spool (no network at all).
-OFF_VALUES = {"off", "none", "0", "false", ""}
+from ..defaults import DEFAULT_URL, OFF_VALUES, default_dir
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -16,10 +13,6 @@ def _flag(name: str, default: bool) -> bool:
     if value is None:
         return default
     return value.strip().lower() not in {"0", "false", "no", "off", ""}
-
-
-def default_dir() -> Path:
-    return Path(os.environ.get("STARVEWATCH_DIR") or Path.home() / ".starvewatch")
 
 
 @dataclass
@@ -40,7 +33,7 @@ class HookSettings:
     stall_min_s: float = 10.0
     stall_median_factor: float = 20.0
     quiet: bool = False
-    sidecar: bool = True          # system sampling in a separate process (see hooks/sidecar.py)
+    sidecar: bool = True          # system sampling in a separate process (see hooks/delivery/sidecar.py)
 
     @classmethod
     def from_env(cls, *, url: str | None = None, dir: str | os.PathLike | None = None) -> "HookSettings":

@@ -15,7 +15,7 @@ import orjson
 from fastapi.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
-from .. import __version__
+from ..version import __version__
 from ..schema import EVENTS_SCHEMA, SUMMARY_SCHEMA
 from .metrics import make_registry, render
 from .models import EventBatch
@@ -99,13 +99,13 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
                                   name="starvewatch-collector-background")
         worker.start()
         if settings.pid_file_autostarted is not None:
-            from .server import write_pid_file
+            from .pid_file import write_pid_file
             write_pid_file(settings, settings.pid_file_autostarted)
         try:
             yield
         finally:
             if settings.pid_file_autostarted is not None:
-                from .server import remove_pid_file
+                from .pid_file import remove_pid_file
                 remove_pid_file(settings)
             state["stop"].set()
             worker.join(5)

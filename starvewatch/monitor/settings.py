@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..hooks.settings import DEFAULT_PORT, default_dir
+from ..defaults import DEFAULT_PORT, default_dir
 
 
 def is_loopback(host: str) -> bool:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from ..hooks.transport import read_spool_file
+from ..spool_format import GLOB, read_spool_file
 from .models import EventBatch
 
 log = logging.getLogger("starvewatch.collector")
@@ -24,7 +24,7 @@ class SpoolImporter:
         if not self.root.is_dir():
             return []
         # <run>/<stream>/<seq>.json.gz; sorted so each stream replays in sequence order
-        return sorted(self.root.glob("*/*/*.json.gz"))
+        return sorted(self.root.glob(GLOB))
 
     def scan(self, progress=None) -> int:
         """Import every spooled batch (duplicates are ignored by sequence number)."""

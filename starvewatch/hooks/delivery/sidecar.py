@@ -1,12 +1,12 @@
 """The sidecar process: for one training process, samples the host, its DataLoader workers and
 the GPUs (psutil and NVML work across processes), and delivers its event batches (gzip, HTTP,
 the spool, replay, finding or starting the collector), building the batches from the raw step
-records first (hooks/records.py: the columns, exact totals and statistics).
+records first (records.py: the columns, exact totals and statistics).
 
 Why a process: every /proc read, NVML call, socket or file operation releases the GIL, and
 each time a monitor thread takes it back the training thread waits (benchmarks/overhead.py
 measures the effect on p99 step time). With the sidecar, the training process's threads do one
-pipe read and one pipe write per tick. The training side is hooks/sidecar_link.py.
+pipe read and one pipe write per tick. The training side is sidecar_link.py.
 
 Protocol, one JSON object per line both ways (plus the bytes a batch line announces):
   training -> sidecar (stdin): first line the settings; then batches ({"batch": header,
@@ -17,7 +17,7 @@ Protocol, one JSON object per line both ways (plus the bytes a batch line announ
       per batch delivered or spooled {"kind": "book", "book"} (totals and statistics of every
       record so far) then {"kind": "acked", "seq"}, {"kind": "flushed"},
       {"kind": "collector", "found"}.
-Run as `python -m starvewatch.hooks.sidecar`; nothing here is imported by the hot path.
+Run as `python -m starvewatch.hooks.delivery.sidecar`; nothing here is imported by the hot path.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from .account import Warnings
 from .collector_link import find_collector
 from .records import LocalPipeline
-from .samplers import HostSampler, _psutil, gpu_reading
+from ..samplers import HostSampler, _psutil, gpu_reading
 from .transport import Delivery, HttpTransport, Spool, TransportError
 
 EOF_FLUSH_S = 5.0  # after EOF, batches still queued are sent for this long, then spooled

@@ -2,7 +2,7 @@
 to (the book), and delivery.
 
 One code path for both places that do this work: the sidecar process (the usual case: the
-training process only packs raw records and writes them to a pipe, see hooks/sidecar_link.py)
+training process only packs raw records and writes them to a pipe, see sidecar_link.py)
 and the training process itself (in-memory transport, no sidecar, or after the sidecar died).
 So both produce the same payloads and the same summary.
 """
@@ -12,9 +12,9 @@ import itertools
 import marshal
 from operator import itemgetter, sub
 
-from ..schema import STEP_COLUMNS
-from ..stats import LoaderTotals, RecordStats
-from .loader import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT
+from ...schema import STEP_COLUMNS
+from ...stats import LoaderTotals, RecordStats
+from ..record_layout import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT
 from .account import add_accounts, empty_account
 from .transport import Delivery
 
@@ -195,7 +195,7 @@ class LocalPipeline:
         return self.delivery.dropped()
 
     def account(self) -> dict:
-        """Where the records this pipeline was given went (hooks/account.py)."""
+        """Where the records this pipeline was given went (account.py)."""
         return add_accounts(self.inherited, self.delivery.account())
 
     def reset_backoff(self) -> None:

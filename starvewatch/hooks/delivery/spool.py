@@ -1,12 +1,13 @@
-"""The spool: a bounded directory of pending batches of one process stream (gzip JSON, one
-file per sequence number, written atomically), replayed in order by `Delivery`
-(hooks/transport.py) and swept in by the collector."""
+"""The spool: a bounded directory of pending batches of one process stream (the format is
+starvewatch/spool_format.py), replayed in order by `Delivery` (transport.py) and swept in by
+the collector."""
 from __future__ import annotations
 
 import gzip
-import json
 import os
 from pathlib import Path
+
+from ...spool_format import SUFFIX, file_name, read_spool_file
 
 
 class Spool:
@@ -36,7 +37,7 @@ class Spool:
 
     def _files(self) -> list[Path]:
         try:
-            return sorted(p for p in self.directory.iterdir() if p.name.endswith(".json.gz"))
+            return sorted(p for p in self.directory.iterdir() if p.name.endswith(SUFFIX))
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError:
@@ -87,7 +88,7 @@ class Spool:
         """Raises OSError when the file cannot be written (a full or read-only disk)."""
         data = gzip.compress(body, compresslevel=1)
         self._make_room(len(data))
-        final = self.directory / f"{seq:012d}.json.gz"
+        final = self.directory / file_name(seq)
         tmp = final.with_suffix(".tmp")
         try:
             try:
@@ -145,8 +146,3 @@ class Spool:
 
 def _records_in(payload: dict) -> int:
     return len(payload.get("steps", {}).get("step", ()))
-
-
-def read_spool_file(path: Path) -> dict:
-    with open(path, "rb") as f:
-        return json.loads(gzip.decompress(f.read()))

@@ -1,4 +1,4 @@
-"""The training process's end of the sidecar (hooks/sidecar.py).
+"""The training process's end of the sidecar (sidecar.py).
 
 Per tick the sampler thread does one non-blocking pipe read and the shipper thread one pipe
 write; everything else (psutil, NVML, gzip, HTTP, the spool) happens in the sidecar. A sidecar
@@ -19,9 +19,12 @@ import threading
 import time
 from collections import OrderedDict
 
+from ...spool_format import file_name
 from .account import add_accounts, empty_account
 from .records import CHUNK, LocalPipeline, RecordBook
 from .transport import dumps
+
+SIDECAR_MODULE = "starvewatch.hooks.delivery.sidecar"  # run with -m: sidecar.py
 
 
 class PipeIO:
@@ -101,11 +104,14 @@ class SidecarLink:
                       "spool_dir": str(session.spool_dir), "spool_max_bytes": settings.spool_max_bytes,
                       "autostart": settings.autostart, "local_rank": session.local_rank},
                   "quiet": settings.quiet}
-        # The package as this process imported it, even when a script put it on sys.path.
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        # The package as this process imported it, even when a script put it on sys.path: the
+        # directory above `starvewatch`, one level up per dot in this module's name.
+        package_root = os.path.dirname(os.path.abspath(__file__))
+        for _ in range(__name__.count(".")):
+            package_root = os.path.dirname(package_root)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "starvewatch.hooks.sidecar"],
+            proc = subprocess.Popen([sys.executable, "-m", SIDECAR_MODULE],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                     close_fds=True)  # stderr inherited: its warnings reach the console
         except (OSError, ValueError):
@@ -323,7 +329,7 @@ class SidecarPipeline:
         # spooled them after its last report), so no record is in two places.
         spool = self.local.delivery.spool
         for seq in self._unacked:
-            spool.remove(spool.directory / f"{seq:012d}.json.gz")
+            spool.remove(spool.directory / file_name(seq))
         settled = self.link.account or empty_account()
         # Spooled records the sidecar reported that are gone now were delivered meanwhile (its
         # replay, or the collector's sweep of the spool directory).

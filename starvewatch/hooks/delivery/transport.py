@@ -1,8 +1,9 @@
 """Delivery of event batches: to the collector over HTTP, to memory (tests), or to the spool.
 
 The spool is the safety net: when the collector is down or slow, batches are written there
-(gzip JSON, one file per sequence number, written atomically) and replayed in order when it
-answers again. The collector dedups by (stream, seq), so a replay never duplicates anything.
+(gzip JSON, one file per sequence number, written atomically; the format is
+starvewatch/spool_format.py, the directory spool.py) and replayed in order when it answers
+again. The collector dedups by (stream, seq), so a replay never duplicates anything.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import urllib.parse
 from pathlib import Path
 
 from .account import Warnings, drop_reason, rejected_dir
-from .spool import Spool, _records_in, read_spool_file  # noqa: F401 - read_spool_file is public here too
+from ...spool_format import file_name, read_spool_file
+from .spool import Spool, _records_in
 
 _dumps = None
 
@@ -143,7 +145,7 @@ class TooLargeError(TransportError):
 
 class Delivery:
     """Sends in sequence order; falls back to the spool and replays it with back-off; keeps
-    the account of where every step record went (hooks/account.py)."""
+    the account of where every step record went (account.py)."""
 
     SLOW_S = 1.0  # a send slower than this is worth one console line
 
@@ -307,7 +309,7 @@ class Delivery:
     def _reject(self, payload: dict, body: bytes | None, records: int, spooled: Path | None,
                 exc: RejectedError) -> None:
         """An invalid batch: out of the replay loop, into `rejected/` (for a bug report), counted."""
-        target = Path(rejected_dir(self.spool.directory)) / f"{payload['seq']:012d}.json.gz"
+        target = Path(rejected_dir(self.spool.directory)) / file_name(payload["seq"])
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             if spooled is not None:

@@ -1,7 +1,7 @@
 """Where every step record went (the delivery account), and one console line per problem.
 
 Each step record ends in exactly one of: acknowledged by the collector, on disk in the spool,
-or dropped with a reason. `Delivery` (hooks/transport.py) keeps the counts; the spool's part
+or dropped with a reason. `Delivery` (transport.py) keeps the counts; the spool's part
 is what its files hold right now. Reasons: `spool_full` (the oldest batches made room),
 `disk_full`, `spool_unwritable` (read-only or no permission), `spool_error` (another I/O
 error), `rejected` (the collector refused the batch as invalid: kept in `rejected/`),

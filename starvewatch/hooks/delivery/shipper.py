@@ -1,5 +1,5 @@
 """The shipper: drains the step buffer, resolves CUDA events, and hands the records to the
-pipeline (hooks/records.py, or the sidecar's through hooks/sidecar_link.py) in
+pipeline (records.py, or the sidecar's through sidecar_link.py) in
 sequence-numbered batches. Its cycle runs on the sampler thread while the sidecar delivers
 (see `drive`), else on its own thread; never on the training thread."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
-from ..schema import EVENTS_SCHEMA
-from .cuda import PENDING
-from .loader import R_GPU
+from ...schema import EVENTS_SCHEMA
+from ..cuda import PENDING
+from ..record_layout import R_GPU
 from .records import RecordBook
 from .transport import TransportError
 
