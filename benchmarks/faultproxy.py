@@ -50,11 +50,14 @@ class FaultProxy:
                     conn.close()
 
             def _answer(self, status, data, ctype):
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", ctype)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting
+                    self.close_connection = True
 
             do_GET = do_POST = do_DELETE = _handle
 

@@ -13,24 +13,33 @@ from tests.conftest import shipped_steps
 from tests.test_measurement import FakeGpu
 
 
-def _payload(seq: int, n: int, **steps_override) -> dict:
+@pytest.fixture(scope="module")
+def shared_collector(tmp_path_factory):
+    """One real collector for this module's tests (each uses its own run id): starting one
+    per test would cost seconds of CI each."""
+    from tests.conftest import Collector
+    c = Collector(tmp_path_factory.mktemp("collector")).start()
+    yield c
+    c.stop()
+
+
+def _payload(seq: int, n: int, run_id: str = "bugs", **steps_override) -> dict:
     steps = {"loader": ["train"] * n, "epoch": [0] * n, "step": list(range(n)), "start_ns": [1] * n,
              "wait_ns": [5] * n, "compute_ns": [5] * n, "other_ns": [0] * n, "batch_size": [None] * n,
              "gpu_idle_ns": [None] * n}
     steps.update(steps_override)
-    return {"schema": "starvewatch.events/1", "run_id": "bugs", "stream": "s", "seq": seq, "steps": steps}
+    return {"schema": "starvewatch.events/1", "run_id": run_id, "stream": f"{run_id}-s", "seq": seq, "steps": steps}
 
 
-def test_a_batch_the_collector_rejects_goes_to_rejected_and_is_counted(collector, tmp_path):
+def test_a_batch_the_collector_rejects_goes_to_rejected_and_is_counted(shared_collector, tmp_path):
     """Before: a 4xx answer discarded the batch (and its spooled copy), counted only in an
     internal `rejected` counter that nothing reported."""
     from starvewatch.hooks.delivery.transport import Delivery, HttpTransport, Spool
-    c = collector()
     spool_dir = tmp_path / "sw" / "spool" / "bugs" / "s"
-    delivery = Delivery(HttpTransport(c.url), Spool(spool_dir, 2**20))
-    delivery.deliver(_payload(1, 3))
-    delivery.deliver(_payload(2, 4, wait_ns=[-1] * 4))  # invalid: the collector answers 422
-    delivery.deliver(_payload(3, 5))
+    delivery = Delivery(HttpTransport(shared_collector.url), Spool(spool_dir, 2**20))
+    delivery.deliver(_payload(1, 3, "rejected"))
+    delivery.deliver(_payload(2, 4, "rejected", wait_ns=[-1] * 4))  # invalid: the collector answers 422
+    delivery.deliver(_payload(3, 5, "rejected"))
     delivery.transport.close()
     account = delivery.account()
     assert account == {"acknowledged": 8, "spooled": 0, "dropped": {"rejected": 4}}
@@ -40,15 +49,14 @@ def test_a_batch_the_collector_rejects_goes_to_rejected_and_is_counted(collector
     assert kept["steps"]["wait_ns"] == [-1] * 4  # the batch as sent, for a bug report
 
 
-def test_a_spooled_batch_rejected_on_replay_is_moved_not_deleted(collector, tmp_path):
+def test_a_spooled_batch_rejected_on_replay_is_moved_not_deleted(shared_collector, tmp_path):
     from starvewatch.hooks.delivery.transport import Delivery, HttpTransport, Spool
-    c = collector()
     spool_dir = tmp_path / "sw" / "spool" / "bugs" / "s"
     offline = Delivery(None, Spool(spool_dir, 2**20))
-    offline.deliver(_payload(1, 2, wait_ns=[-1, -1]))
-    offline.deliver(_payload(2, 3))
+    offline.deliver(_payload(1, 2, "replayed", wait_ns=[-1, -1]))
+    offline.deliver(_payload(2, 3, "replayed"))
     assert offline.account() == {"acknowledged": 0, "spooled": 5, "dropped": {}}
-    online = Delivery(HttpTransport(c.url), Spool(spool_dir, 2**20))
+    online = Delivery(HttpTransport(shared_collector.url), Spool(spool_dir, 2**20))
     assert online.replay() is True
     online.transport.close()
     assert online.account() == {"acknowledged": 3, "spooled": 0, "dropped": {"rejected": 2}}
@@ -111,16 +119,16 @@ def test_records_held_for_a_pending_cuda_event_keep_their_order(monkeypatch, mem
     assert shipped_steps(transport) == [("train", 0, i) for i in range(240)]  # as shipped, not sorted
 
 
-def test_a_batch_over_the_body_limit_is_split_and_the_limit_remembered(collector, tmp_path):
+def test_a_batch_over_the_body_limit_is_split_and_the_limit_remembered(shared_collector, tmp_path):
     from benchmarks.faultproxy import FaultProxy
     from starvewatch.hooks.delivery.transport import Delivery, HttpTransport, Spool
-    c = collector()
+    c = shared_collector
     proxy = FaultProxy(c.port)
     proxy.max_body = 6_000  # bytes as sent (gzip): about 1,000 of these records
     try:
         delivery = Delivery(HttpTransport(proxy.url), Spool(tmp_path / "spool" / "bugs" / "s", 2**20))
         n = 5_000
-        big = _payload(1, n, start_ns=list(range(n)), wait_ns=[(i * 7919) % 10**6 for i in range(n)])
+        big = _payload(1, n, "split", start_ns=list(range(n)), wait_ns=[(i * 7919) % 10**6 for i in range(n)])
         big["loaders"] = [{"name": "train", "totals": {"steps": n, "epochs": 1}}]
         delivery.deliver(big)
         first_413s = proxy.requests["413"]
@@ -133,26 +141,25 @@ def test_a_batch_over_the_body_limit_is_split_and_the_limit_remembered(collector
         delivery.transport.close()
     finally:
         proxy.close()
-    summary = c.get("/api/v1/runs/bugs/summary")
+    summary = c.get("/api/v1/runs/split/summary")
     assert summary["loaders"][0]["steps"] == 2 * n  # the totals, once
     seen, after = [], 0
     while after is not None:
-        page = c.get(f"/api/v1/runs/bugs/steps?limit=100000&after={after}")
+        page = c.get(f"/api/v1/runs/split/steps?limit=100000&after={after}")
         seen += [r["step"] for r in page["steps"]]
         after = page["next_after"]
     assert sorted(seen) == list(range(2 * n))
-    assert c.get("/api/v1/runs/bugs")["run"]["status"] != "lost"
+    assert c.get("/api/v1/runs/split")["run"]["status"] != "lost"
 
 
-def test_a_single_record_over_the_limit_is_dropped_and_counted(collector, tmp_path):
+def test_a_single_record_over_the_limit_is_dropped_and_counted(shared_collector, tmp_path):
     from benchmarks.faultproxy import FaultProxy
     from starvewatch.hooks.delivery.transport import Delivery, HttpTransport, Spool
-    c = collector()
-    proxy = FaultProxy(c.port)
+    proxy = FaultProxy(shared_collector.port)
     proxy.max_body = 420  # the batch's header fits; one record with a 200-character loader name does not
     try:
         delivery = Delivery(HttpTransport(proxy.url), Spool(tmp_path / "spool" / "bugs" / "s", 2**20))
-        delivery.deliver(_payload(1, 3, loader=["x" * 200] * 3))
+        delivery.deliver(_payload(1, 3, "huge", loader=["x" * 200] * 3))
         assert delivery.account() == {"acknowledged": 0, "spooled": 0, "dropped": {"too_large": 3}}
         delivery.transport.close()
     finally:

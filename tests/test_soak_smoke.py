@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_soak_smoke_loses_and_doubles_nothing(tmp_path):
     out = tmp_path / "soak.json"
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--seconds", "4",
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--seconds", "3",
                           "--clients", "3", "--sample-s", "1", "--out", str(out)],
                          capture_output=True, text=True, timeout=180)
     assert run.returncode == 0, run.stderr[-3000:]
