@@ -69,3 +69,54 @@ def rejected_dir(spool_dir) -> str:
     stream_dir, stream = os.path.split(spool_dir)
     spool_root, run = os.path.split(stream_dir)
     return os.path.join(os.path.dirname(spool_root), "rejected", run, stream)
+
+
+class SlowWatch:
+    """Says once that a send takes long, while it is still in flight: a process that ends
+    during a 30 s request must not end without the console having heard why. One lazy daemon
+    thread per delivery, asleep unless a send is in flight."""
+
+    def __init__(self, after_s: float, say) -> None:
+        self.after_s = after_s
+        self.say = say  # say(elapsed_s)
+        self._started: float | None = None
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.done = False  # said it: no more watching
+
+    def begin(self) -> None:
+        if self.done:
+            return
+        import time
+        with self._cond:
+            self._started = time.monotonic()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True, name="starvewatch-slow-send")
+                self._thread.start()
+            self._cond.notify()
+
+    def end(self) -> None:
+        if self.done:
+            return
+        with self._cond:
+            self._started = None
+            self._cond.notify()
+
+    IDLE_EXIT_S = 2.0  # no send for this long: the thread ends (begin() starts another)
+
+    def _run(self) -> None:
+        import time
+        with self._cond:
+            while not self.done:
+                if self._started is None:
+                    if not self._cond.wait(self.IDLE_EXIT_S) and self._started is None:
+                        self._thread = None
+                        return
+                    continue
+                left = self._started + self.after_s - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self.done = True
+                elapsed = time.monotonic() - self._started
+        self.say(elapsed)

@@ -15,7 +15,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from .account import Warnings, drop_reason, rejected_dir
+from .account import SlowWatch, Warnings, drop_reason, rejected_dir
 from ...spool_format import file_name, read_spool_file
 from .spool import Spool, _records_in
 
@@ -165,6 +165,13 @@ class Delivery:
         # Learned from a 413: batches with more step records are split before sending, so a
         # known limit is never sent over again.
         self.max_records: int | None = None
+        self._slow = SlowWatch(self.SLOW_S, self._say_slow)
+
+    def _say_slow(self, elapsed_s: float) -> None:
+        url = getattr(self.transport, "url", "the collector")
+        self.warnings.once("slow", f"the collector at {url} does not answer in time ({elapsed_s:.1f} s for one "
+                                   f"batch so far): delivery falls behind; what is not delivered by the end "
+                                   f"waits in the spool")
 
     # ---- the account --------------------------------------------------------------------------
     def account(self) -> dict:
@@ -233,19 +240,22 @@ class Delivery:
     def _try_send(self, payload: dict, body: bytes | None, records: int, spooled: Path | None = None) -> bool:
         """One batch to the collector. True when it is settled (acknowledged, or moved to
         rejected/, or dropped as too large); False when it must wait (spool or keep it)."""
-        started = time.monotonic()
+        self._slow.begin()
         try:
             too_large = self._send_fitting(payload, body, records)
         except AuthError as exc:
+            self._slow.end()
             self._failed(exc)
             self.warnings.once("token", f"the collector rejected our token ({exc.status}): records are kept in "
                                         f"the spool at {self.spool.directory} until it accepts one "
                                         f"(STARVEWATCH_TOKEN must be the collector's --token)")
             return False
         except RejectedError as exc:
+            self._slow.end()
             self._reject(payload, body, records, spooled, exc)
             return True
         except TransportError as exc:
+            self._slow.end()
             self._failed(exc)
             url = getattr(self.transport, "url", "the collector")
             if exc.status is not None:
@@ -260,18 +270,16 @@ class Delivery:
                                                   f"kept in the spool at {self.spool.directory} and sent when "
                                                   f"it does")
             return False
+        except BaseException:
+            self._slow.end()
+            raise
+        self._slow.end()
         self._succeeded()
         self.acknowledged += records - too_large
         self._drop("too_large", too_large)
         if too_large:
             self.warnings.once("too_large", "a step record larger than the collector's body limit was dropped "
                                             "(counted)")
-        took = time.monotonic() - started
-        if took > self.SLOW_S:
-            url = getattr(self.transport, "url", "the collector")
-            self.warnings.once("slow", f"the collector at {url} does not answer in time ({took:.1f} s for "
-                                       f"{records} records): delivery falls behind; what is not delivered by "
-                                       f"the end waits in the spool")
         return True
 
     def _send_fitting(self, payload: dict, body: bytes | None, records: int) -> int:
