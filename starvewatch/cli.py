@@ -168,6 +168,7 @@ def cmd_serve(args) -> int:
     from .monitor.settings import CollectorSettings
     settings = CollectorSettings(host=args.host, port=args.port, dir=_dir(args), db=args.db,
                                  idle_exit_s=args.idle_exit, body_timeout_s=args.body_timeout,
+                                 lost_after_s=args.lost_after,
                                  otlp_endpoint=args.otlp_endpoint,
                                  otlp_interval_s=args.otlp_interval, tensorboard_dir=args.tensorboard,
                                  tensorboard_interval_s=args.tensorboard_interval)
@@ -229,6 +230,16 @@ def cmd_import(args) -> int:
     return EXIT_OK
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="starvewatch", description="Live GPU-starvation monitor for PyTorch training.",
@@ -261,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="TensorBoard write period (default 5)")
     serve.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
                        help="answer 408 to a request whose body goes silent this long (default 30)")
+    serve.add_argument("--lost-after", type=_positive_seconds, default=60.0, metavar="SECONDS",
+                       help="a run whose processes sent nothing for this long without finishing "
+                            "(killed, crashed) is shown as lost (default 60)")
     serve.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 

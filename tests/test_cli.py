@@ -4,6 +4,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -105,9 +106,13 @@ def test_compare_shows_deltas_and_the_verdict(offline_runs):
     out = cli("compare", *offline_runs)
     assert out.returncode == 0, out.stderr
     assert "batches/s" in out.stdout and "num_workers=" in out.stdout
-    # The second run used 2 workers: the verdict says whether that was the suggested value.
-    assert any(status in out.stdout for status in ("confirmed", "refuted", "not_applied"))
     assert "| train | input wait |" in out.stdout
+    # The first run (8 ms of loading against 4 ms of compute) was told num_workers=3 or more;
+    # the second used 2, so the suggestion was not applied, whatever its speed-up.
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| train | num_workers="))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert int(cells[1].split("=")[1]) >= 3, row
+    assert cells[2] == "no" and cells[5] == "not_applied", row
 
 
 def test_unreachable_collector_without_offline_data_is_a_clear_error(isolated_starvewatch, monkeypatch):
@@ -120,9 +125,23 @@ def test_unreachable_collector_without_offline_data_is_a_clear_error(isolated_st
 def test_doctor_reports_each_check(isolated_starvewatch, monkeypatch):
     monkeypatch.setenv("STARVEWATCH_URL", f"http://127.0.0.1:{free_port()}")
     out = cli("doctor")
-    assert out.returncode in (0, 3)
-    for name in ("torch", "NVML", "/dev/shm", "collector"):
+    # On this machine the one check that can fail is /dev/shm (no GPU: NVML's absence is fine,
+    # the data directory is writable, no collector is fine: training starts one or spools).
+    shm_ok = shutil.disk_usage("/dev/shm").total >= 2**30
+    assert out.returncode == (0 if shm_ok else 3), out.stdout
+    for name in ("torch", "NVML", "/dev/shm", "data directory", "collector"):
         assert name in out.stdout
+    assert out.stdout.count("!! ") == (0 if shm_ok else 1)
+
+
+def test_doctor_finds_an_unwritable_data_directory(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("STARVEWATCH_URL", f"http://127.0.0.1:{free_port()}")
+    out = cli("doctor", env_extra={"STARVEWATCH_DIR": str(blocker / "sw")})
+    assert out.returncode == 3, out.stdout
+    assert f"!! data directory: {blocker / 'sw'} is not writable" in out.stdout
+    assert "fix: set STARVEWATCH_DIR to a writable directory" in out.stdout
 
 
 def test_commands_against_a_running_collector(collector, monkeypatch):

@@ -69,21 +69,21 @@ def test_watched_training_reaches_the_collector_and_summaries_agree(collector, m
 
 
 _LONG_RUN = """
-import os, sys, time, starvewatch
+import json, os, sys, time, starvewatch
 loader = starvewatch.watch(range(int(sys.argv[1])), name="train")
 for i in loader:
     time.sleep(0.002)
     if i == 50:
         open(sys.argv[2], "w").write("midway")
 summary = starvewatch.finish()
-print(summary["run"]["id"])
+print(json.dumps({"run_id": summary["run"]["id"], "delivery": summary["delivery"]}))
 """
 
 
 def test_collector_killed_and_restarted_mid_run_loses_and_duplicates_nothing(collector, tmp_path):
     c = collector()
     marker = tmp_path / "midway"
-    env = dict(os.environ, STARVEWATCH_URL=c.url, STARVEWATCH_RUN_NAME="resilient")
+    env = dict(os.environ, STARVEWATCH_URL=c.url, STARVEWATCH_RUN_NAME="resilient", STARVEWATCH_QUIET="0")
     steps = 1500
     proc = subprocess.Popen([sys.executable, "-c", _LONG_RUN, str(steps), str(marker)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -98,7 +98,13 @@ def test_collector_killed_and_restarted_mid_run_loses_and_duplicates_nothing(col
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    run_id = out.strip().splitlines()[-1]
+    result = json.loads(out.strip().splitlines()[-1])
+    run_id, account = result["run_id"], result["delivery"]
+    # Each record acknowledged or still in the spool at exit; none dropped.
+    assert account["acknowledged"] + account["spooled"] == steps and account["dropped"] == {}, account
+    said = [line for line in err.splitlines() if line.startswith("starvewatch: warning:")]
+    assert len([line for line in said if "does not answer" in line]) == 1, err  # said once
+    assert not [line for line in said if "dropped" in line], err
     # Whatever was still spooled at exit is swept in by the collector (start-up or sweep).
     def complete():
         summary = c.get(f"/api/v1/runs/{run_id}/summary")
@@ -117,6 +123,7 @@ def test_collector_killed_and_restarted_mid_run_loses_and_duplicates_nothing(col
 def test_bad_payloads_get_4xx_and_the_server_stays_healthy(collector):
     c = collector()
     good = {"schema": "starvewatch.events/1", "run_id": "r1", "stream": "s1", "seq": 1,
+            "loaders": [{"name": "train", "totals": {"steps": 1, "epochs": 1, "wait_ns": 5, "compute_ns": 5}}],
             "steps": {"loader": ["train"], "epoch": [0], "step": [0], "start_ns": [1], "wait_ns": [5],
                       "compute_ns": [5], "other_ns": [0], "batch_size": [None], "gpu_idle_ns": [None]}}
     json_headers = {"Content-Type": "application/json"}
@@ -126,16 +133,17 @@ def test_bad_payloads_get_4xx_and_the_server_stays_healthy(collector):
         return c.request("POST", "/api/v1/ingest", body, headers)
 
     cases = {
-        "nan": (dict(good, steps=dict(good["steps"], wait_ns=[float("nan")])), 422),
-        "negative": (dict(good, steps=dict(good["steps"], compute_ns=[-3])), 422),
-        "schema": (dict(good, schema="starvewatch.events/99"), 422),
-        "columns": (dict(good, steps=dict(good["steps"], step=[0, 1])), 422),
+        "nan": (dict(good, steps=dict(good["steps"], wait_ns=[float("nan")])), 422, "steps.wait_ns"),
+        "negative": (dict(good, steps=dict(good["steps"], compute_ns=[-3])), 422, "steps.compute_ns"),
+        "schema": (dict(good, schema="starvewatch.events/99"), 422, "schema"),
+        "columns": (dict(good, steps=dict(good["steps"], step=[0, 1])), 422, "differ in length"),
     }
-    for name, (payload, expected) in cases.items():
-        body = json.dumps(payload).replace("NaN", "NaN").encode()
+    for name, (payload, expected, field) in cases.items():
+        body = json.dumps(payload).encode()  # json writes nan as the literal NaN, as numpy users do
         status, text = post(None, raw=body)
         assert status == expected, (name, status, text)
-        assert b"detail" in text
+        assert field.encode() in json.loads(text)["detail"].encode(), (name, text)
+    assert b"NaN" in json.dumps(cases["nan"][0]).encode()
     status, text = post(None, raw=b'{"schema": "starvewatch.events/1", "run_id": "r", "stream": "s", "seq": 1, '
                                   b'"steps": {"wait_ns": [Infinity]}}')
     assert status == 422
@@ -155,8 +163,10 @@ def test_bad_payloads_get_4xx_and_the_server_stays_healthy(collector):
     assert post(good)[0] == 200
     assert json.loads(post(good)[1])["duplicate"] is True  # same stream and seq: ignored
     assert c.healthy()
-    assert c.get("/api/v1/runs/r1/summary")["loaders"][0]["steps"] == 0  # no loader totals were sent
-    assert c.get("/api/v1/runs/r1/steps")["steps"][0]["wait_ns"] == 5
+    # The replay changed nothing: one step, counted once, stored once.
+    summary = c.get("/api/v1/runs/r1/summary")
+    assert [(l["name"], l["steps"]) for l in summary["loaders"]] == [("train", 1)]
+    assert len(c.get("/api/v1/runs/r1/steps")["steps"]) == 1
     assert [r["id"] for r in c.get("/api/v1/runs")["runs"]] == ["r1"]
     assert c.request("DELETE", "/api/v1/runs/r1")[0] == 200
     assert c.get("/api/v1/runs")["runs"] == []

@@ -241,3 +241,51 @@ def test_run_page_answers_first_and_links_to_its_comparison(collector, browser, 
     assert before in fresh.inner_text("#compare-a") and after not in fresh.inner_text("#compare-b")
     assert errors == []
     context.close()
+
+
+# Headless Chromium reports every page as visible (minimising its window or bringing another
+# tab to the front changes nothing), so the test sets what `document.hidden` and
+# `visibilityState` report, and fires `visibilitychange`, as a browser does when the tab hides.
+VISIBILITY_SWITCH = """
+window.__swHidden = false;
+Object.defineProperty(Document.prototype, 'hidden', {configurable: true, get() { return window.__swHidden; }});
+Object.defineProperty(Document.prototype, 'visibilityState', {configurable: true,
+    get() { return window.__swHidden ? 'hidden' : 'visible'; }});
+window.__swSetHidden = (hidden) => { window.__swHidden = hidden;
+    document.dispatchEvent(new Event('visibilitychange')); };
+"""
+
+
+def test_run_page_polls_only_while_visible_and_shows_dropped_records(collector, browser):
+    import time
+    from tests.conftest import wait_until
+    c = collector()
+    body = {"schema": "starvewatch.events/1", "run_id": "dropped-run", "stream": "p0", "seq": 1,
+            "run": {"id": "dropped-run", "name": "dropped-run"},
+            "loaders": [{"name": "train", "totals": {"steps": 1, "epochs": 1, "wait_ns": 5, "compute_ns": 5}}],
+            "steps": {"loader": ["train"], "epoch": [0], "step": [0], "start_ns": [1], "wait_ns": [5],
+                      "compute_ns": [5], "other_ns": [0], "batch_size": [None], "gpu_idle_ns": [None]},
+            "delivery": {"acknowledged": 1, "spooled": 0, "dropped": {"spool_full": 7}}}
+    assert c.request("POST", "/api/v1/ingest", json.dumps(body).encode(),
+                     {"Content-Type": "application/json"})[0] == 200
+    page, errors = _page(browser)
+    page.add_init_script(VISIBILITY_SWITCH)
+    updates = []
+    page.on("request", lambda r: updates.append(time.monotonic()) if "_dash-update-component" in r.url else None)
+    page.goto(c.url + "/runs/dropped-run")
+    banner = page.wait_for_selector("#delivery-banner", timeout=30_000)
+    assert "dropped 7 step records" in banner.inner_text() and "spool full: 7" in banner.inner_text()
+
+    def polls_during(seconds: float) -> int:
+        start = time.monotonic()
+        page.wait_for_timeout(seconds * 1000)  # a window of browser time in which to count polls
+        return sum(1 for t in updates if t >= start)
+
+    wait_until(lambda: len(updates) >= 3, timeout_s=30, what="the page to poll")
+    assert polls_during(2.2) >= 2  # visible: about one poll a second
+    page.evaluate("window.__swSetHidden(true)")
+    page.wait_for_timeout(300)  # a poll already in flight may still land
+    assert polls_during(2.5) == 0
+    page.evaluate("window.__swSetHidden(false)")
+    assert polls_during(2.2) >= 2
+    assert errors == []

@@ -83,8 +83,7 @@ def test_compare_panel_shows_verification():
 def test_layout_polls_every_second():
     root = layout.root_layout()
     interval = next(c for c in root.children if getattr(c, "id", None) == "interval")
-    assert interval.interval == 1000
-    assert "document.hidden" in callbacks.VISIBLE_TICK
+    assert interval.interval == 1000  # paused while hidden: tests/test_dashboard_browser.py
 
 
 def test_workers_panel_shows_each_worker_over_time_and_the_queue():

@@ -139,6 +139,10 @@ def test_a_killed_worker_is_reported(memory_run):
     event = _worker_events(session)[-1]
     assert event["alive_workers"] <= 1 and event["configured_workers"] == 2
     del it
+    summary = starvewatch.finish()  # every step the run made is accounted for, none lost
+    steps = summary["loaders"][0]["steps"]
+    assert steps >= 1 and summary["delivery"] == {"acknowledged": steps, "spooled": 0, "dropped": {}}
+    assert sum(len(p["steps"]["step"]) for p in transport.payloads) == steps
 
 
 def test_shm_use_from_a_real_file_is_seen(memory_run):

@@ -22,7 +22,9 @@ class EpochSampler(Sampler):
         self.epoch = epoch
 
     def __iter__(self):
-        return iter(range(self.n))
+        # The order depends on the epoch, as a DistributedSampler's shuffle does.
+        shift = (self.epoch or 0) % self.n
+        return iter([*range(shift, self.n), *range(shift)])
 
     def __len__(self):
         return self.n
@@ -45,11 +47,13 @@ def test_watched_dataloader_is_the_same_dataloader(memory_run):
     assert watched.dataset is ds and watched.sampler is sampler and watched.batch_size == 3
     assert len(watched) == 4 and watched.custom_attribute == "kept"
     assert starvewatch.watch(watched) is watched  # watching twice changes nothing
+    assert [b[0].tolist() for b in watched] == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0]]
+    # set_epoch through the watched loader reaches the sampler, and the next epoch follows it.
     watched.sampler.set_epoch(3)
     assert sampler.epoch == 3
     batches = [b[0].tolist() for b in watched]
-    assert batches == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0]]
-    assert [b[0].tolist() for b in watched] == batches  # every iter() is a new epoch
+    assert batches == [[3.0, 4.0, 5.0], [6.0, 7.0, 8.0], [9.0, 0.0, 1.0], [2.0]]
+    assert [b[0].tolist() for b in watched] == batches  # every iter() is a new epoch, same sampler
 
 
 def test_copies_rebuilds_and_pickles_of_a_watched_loader(memory_run):
@@ -172,6 +176,8 @@ def test_no_reference_to_batches_or_finished_iterators(memory_run):
 
 
 def test_disabled_is_a_pass_through_without_threads(monkeypatch):
+    # finish() returns the last run's summary; this process ran others before this test.
+    monkeypatch.setattr("starvewatch.hooks.session._LAST_SUMMARY", None)
     monkeypatch.setenv("STARVEWATCH_DISABLED", "1")
     before = {t.name for t in threading.enumerate()}
     data = [1, 2, 3]
@@ -179,7 +185,8 @@ def test_disabled_is_a_pass_through_without_threads(monkeypatch):
     loader = DataLoader(TensorDataset(torch.arange(4.0)))
     assert starvewatch.watch(loader) is loader and type(loader) is DataLoader
     assert {t.name for t in threading.enumerate()} == before
-    assert starvewatch.finish() is None or True  # nothing was started: finish is harmless
+    assert starvewatch.finish() is None  # nothing was started: finish is harmless, reports nothing
+    assert {t.name for t in threading.enumerate()} == before
 
 
 def test_watch_after_finish_starts_a_new_run():

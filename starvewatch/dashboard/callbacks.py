@@ -89,7 +89,7 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
     return {
         "missing": False,
         "title": run_title(summary, query.previous_run_id(run_id)),
-        "banner": views.stall_banner(summary, status),
+        "banner": [b for b in (views.stall_banner(summary, status), views.delivery_banner(summary)) if b],
         "recommendations": answer.answer(summary),
         "advice": advice or None,
         "kpis": views.kpis(summary),

@@ -77,6 +77,21 @@ def stall_banner(summary: dict, status: str) -> html.Div | None:
                     + (f" — {where}" if where else ""), className="sw-banner", id="stall-banner")
 
 
+def delivery_banner(summary: dict) -> html.Div | None:
+    """A banner when the training processes dropped step records before they reached us: the
+    figures on the page then miss those steps, and the user must know."""
+    account = summary.get("delivery") or {}
+    dropped = {reason: n for reason, n in (account.get("dropped") or {}).items() if n}
+    if not dropped:
+        return None
+    total = sum(dropped.values())
+    reasons = ", ".join(f"{reason.replace('_', ' ')}: {n:,}" for reason, n in sorted(dropped.items()))
+    return html.Div(f"Incomplete: the training processes dropped {total:,} step record{'s' * (total != 1)} "
+                    f"that never reached the collector ({reasons}); "
+                    f"{account.get('acknowledged', 0):,} acknowledged, {account.get('spooled', 0):,} in the spool.",
+                    className="sw-banner", id="delivery-banner")
+
+
 def workers_panel(events: list[dict], loader: str | None = None) -> html.Div | None:
     """Per worker: load time over time, memory when sampled, and the latest state; None when the
     run has no DataLoader workers (num_workers=0, or not sampled yet)."""

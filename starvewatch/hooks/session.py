@@ -17,7 +17,8 @@ from ..ids import safe_id, safe_name
 from . import cuda
 from .identity import default_run_name, rank_info, run_id_for, run_metadata
 from .introspect import dataloader_config, is_torch_dataloader
-from .delivery.records import LocalPipeline
+from .delivery.account import Warnings
+from .delivery.records import LocalPipeline, with_buffer_drops
 from .delivery.shipper import Shipper
 from .delivery.sidecar_link import SidecarLink, SidecarPipeline
 from .delivery.transport import Delivery, HttpTransport, Spool, dumps
@@ -31,6 +32,7 @@ _LOCK = threading.RLock()
 _SESSION: "Session | None" = None
 _LAST_SUMMARY: dict | None = None
 _ATEXIT_REGISTERED = False
+FINISH_GRACE_S = 15.0  # how much longer finish() waits for a final cycle slowed by the machine
 
 
 class LoaderState:
@@ -106,7 +108,8 @@ class Session:
         # First uses import modules; importing on the shipper thread would hand the GIL back
         # and forth with the training loop for a second. Here the loop has not started yet.
         dumps({"warm": [1]})
-        pipeline = LocalPipeline(Delivery(transport, Spool(self.spool_dir, settings.spool_max_bytes)),
+        pipeline = LocalPipeline(Delivery(transport, Spool(self.spool_dir, settings.spool_max_bytes),
+                                          warnings=Warnings(quiet=settings.quiet)),
                                  self.wall_offset_ns)
         # System sampling, record processing and delivery in a separate process: see
         # hooks/delivery/sidecar.py. The in-memory transport (tests) keeps records in this process.
@@ -208,8 +211,12 @@ class Session:
                    world_size=self.world_size)
         from ..monitor.system import overview
         history = [event for sampler in self.samplers for event in sampler.history]
-        return summarize(run, loaders, stalls=self.stalls, system=overview(history),
-                         worker_events=[e for kind, e in history if kind == "workers"])
+        summary = summarize(run, loaders, stalls=self.stalls, system=overview(history),
+                            worker_events=[e for kind, e in history if kind == "workers"])
+        # Where every step record went: acknowledged + spooled + dropped = the steps run.
+        summary["delivery"] = with_buffer_drops(self.shipper.pipeline.account(),
+                                                [s.describe(s.totals) for s in self.loader_list])
+        return summary
 
 
 def current_session() -> Session | None:
@@ -297,7 +304,14 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         session.ended_at = time.time()
         for sampler in session.samplers:
             sampler.stop()
-        if session.shipper.stop(session.settings.flush_timeout_s + 1.0) and session.transport is not None:
+        done = session.shipper.stop(session.settings.flush_timeout_s + 1.0)
+        if not done:
+            # Network waits in the final cycle are bounded by the flush deadline; what is left
+            # is CPU work on the last records, which the summary and the account need. On an
+            # overloaded machine it takes longer: wait for it rather than report a summary
+            # without the last steps (the collector would then hold more than finish() said).
+            done = session.shipper.wait(FINISH_GRACE_S)
+        if done and session.transport is not None:
             session.transport.close()
         if session.sidecar is not None:
             session.sidecar.close()

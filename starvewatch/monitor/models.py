@@ -156,6 +156,16 @@ class RunInfo(Strict):
         return self
 
 
+class DeliveryAccount(Strict):
+    """Where each step record of one process went so far (issue 13's account): acknowledged
+    by the collector, waiting in the spool, or dropped (counted per reason)."""
+
+    acknowledged: NonNegInt = 0
+    spooled: NonNegInt = 0
+    dropped: dict[Annotated[str, Field(min_length=1, max_length=100)], NonNegInt] = Field(
+        default_factory=dict, max_length=100)
+
+
 class EventBatch(Strict):
     """One sequence-numbered batch from one process stream (`starvewatch.events/1`)."""
 
@@ -175,6 +185,9 @@ class EventBatch(Strict):
     workers: list[WorkerSnapshot] = Field(default_factory=list, max_length=10_000)
     stalls: list[Stall] = Field(default_factory=list, max_length=1_000)
     drops: dict[str, NonNegInt] = Field(default_factory=dict)
+    # The sending process's delivery account as it stood when this batch left; the collector
+    # keeps the one of the highest sequence number per stream.
+    delivery: DeliveryAccount | None = None
 
     @model_validator(mode="after")
     def run_matches(self) -> "EventBatch":

@@ -98,6 +98,10 @@ class Query:
                             worker_events=self.worker_events(run_id, rank))
         if rank is None:
             summary["stragglers"] = self.stragglers(run_id)
+        streams = [s for s in self.store.stream_rows(run_id) if rank is None or s["rank"] == rank]
+        delivery = merge_accounts([stream_account(s) for s in streams])
+        if delivery is not None:
+            summary["delivery"] = delivery
         return with_tuning(summary, self.store.latest_tuning(run_id))
 
     def worker_events(self, run_id: str, rank: int | None = None) -> list[dict]:
@@ -275,7 +279,9 @@ class Query:
             "loaders": list(loaders.values()),
             "ranks": [{"rank": s["rank"], "stream": s["stream"], "last_seq": s["last_seq"],
                        "last_seen": iso(s["last_seen"]), "finished": bool(s["finished"]),
-                       "drops": orjson.loads(s["drops"])} for s in streams],
+                       "drops": orjson.loads(s["drops"]), "delivery": stream_account(s)} for s in streams],
+            # Summed over the processes that reported one (None when none has).
+            "delivery": merge_accounts([stream_account(s) for s in streams]),
         }
 
     # ---- raw records and series --------------------------------------------------------------
@@ -405,6 +411,29 @@ class Query:
             "SELECT rank, data FROM events WHERE run_id = ? AND kind = ? AND t_ns > ? ORDER BY t_ns LIMIT ?",
             (run_id, kind, since_ns, limit)).fetchall()
         return [{"rank": r[0], **orjson.loads(r[1])} for r in rows]
+
+
+def stream_account(stream_row) -> dict | None:
+    """The latest delivery account a process sent: {acknowledged, spooled, dropped: {reason: n}}."""
+    raw = stream_row["delivery"]
+    if not raw:
+        return None
+    account = orjson.loads(raw)
+    return {"acknowledged": account["acknowledged"], "spooled": account["spooled"],
+            "dropped": account["dropped"], "seq": account["seq"]}
+
+
+def merge_accounts(accounts: list[dict | None]) -> dict | None:
+    """The run's account: the processes' accounts added up; None when no process sent one."""
+    known = [a for a in accounts if a is not None]
+    if not known:
+        return None
+    dropped: dict[str, int] = {}
+    for a in known:
+        for reason, count in a["dropped"].items():
+            dropped[reason] = dropped.get(reason, 0) + count
+    return {"acknowledged": sum(a["acknowledged"] for a in known), "spooled": sum(a["spooled"] for a in known),
+            "dropped": dropped, "processes": len(known)}
 
 
 def _merge_stalls(events: list[dict]) -> list[dict]:

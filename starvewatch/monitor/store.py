@@ -26,7 +26,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS streams (
     stream TEXT PRIMARY KEY, run_id TEXT NOT NULL, rank INTEGER NOT NULL,
     last_seq INTEGER NOT NULL DEFAULT 0, last_seen REAL NOT NULL, finished INTEGER NOT NULL DEFAULT 0,
-    drops TEXT NOT NULL DEFAULT '{}');
+    drops TEXT NOT NULL DEFAULT '{}', delivery TEXT);
 CREATE INDEX IF NOT EXISTS streams_run ON streams(run_id);
 CREATE TABLE IF NOT EXISTS seen (stream TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (stream, seq))
     WITHOUT ROWID;
@@ -70,6 +70,7 @@ class Store:
         self._write_lock = threading.Lock()
         self._writer = self._connect()
         self._writer.executescript(DDL)
+        self._migrate(self._writer)
         self._writer.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         self._writer.commit()
         self._local = threading.local()
@@ -79,6 +80,13 @@ class Store:
         self.versions: dict[str, int] = defaultdict(int)
         self.version = 0
         self.deletions = 0  # a deletion is never answered from a stale cache
+
+    @staticmethod
+    def _migrate(w: sqlite3.Connection) -> None:
+        """Additive columns for databases written by earlier versions."""
+        columns = {row[1] for row in w.execute("PRAGMA table_info(streams)")}
+        if "delivery" not in columns:
+            w.execute("ALTER TABLE streams ADD COLUMN delivery TEXT")
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
@@ -111,14 +119,20 @@ class Store:
                     w.execute("ROLLBACK")
                     return False
                 self._upsert_run(w, batch, now)
+                # A replayed batch carries an older account: the highest sequence number wins.
+                delivery = None if batch.delivery is None else orjson.dumps(
+                    {"seq": batch.seq, **batch.delivery.model_dump()}).decode()
                 w.execute(
-                    "INSERT INTO streams (stream, run_id, rank, last_seq, last_seen, finished, drops) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(stream) DO UPDATE SET "
+                    "INSERT INTO streams (stream, run_id, rank, last_seq, last_seen, finished, drops, delivery) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(stream) DO UPDATE SET "
                     "last_seq = max(last_seq, excluded.last_seq), last_seen = excluded.last_seen, "
                     "finished = max(finished, excluded.finished), drops = CASE WHEN excluded.last_seq >= "
-                    "last_seq THEN excluded.drops ELSE drops END",
+                    "last_seq THEN excluded.drops ELSE drops END, "
+                    "delivery = CASE WHEN excluded.delivery IS NOT NULL AND (delivery IS NULL OR "
+                    "json_extract(excluded.delivery, '$.seq') >= json_extract(delivery, '$.seq')) "
+                    "THEN excluded.delivery ELSE delivery END",
                     (batch.stream, batch.run_id, batch.rank, batch.seq, now,
-                     1 if batch.status == "finished" else 0, orjson.dumps(batch.drops).decode()))
+                     1 if batch.status == "finished" else 0, orjson.dumps(batch.drops).decode(), delivery))
                 if len(steps):
                     self._insert_steps(w, batch)
                 for loader in batch.loaders:

@@ -15,7 +15,14 @@ from operator import itemgetter, sub
 from ...schema import STEP_COLUMNS
 from ...stats import LoaderTotals, RecordStats
 from ..record_layout import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT
+from .account import add_accounts, empty_account
 from .transport import Delivery
+
+
+def with_buffer_drops(account: dict, loaders: list[dict]) -> dict:
+    """The account plus the records the hot path's full buffer never recorded."""
+    lost = sum(loader["totals"].get("dropped_records", 0) for loader in loaders)
+    return add_accounts(account, {"dropped": {"buffer_full": lost}}) if lost else account
 
 # Records taken from the buffer per GIL hold in the training process: under 1 ms when they are
 # only packed for the sidecar, ~3 ms when they are converted here. Each hold past the first
@@ -137,6 +144,9 @@ class LocalPipeline:
         self.wall_offset_ns = wall_offset_ns
         self.current_book = RecordBook(vectorized=vectorized)
         self._batch: dict | None = None
+        # What a sidecar settled before this pipeline took over (acknowledged and dropped; the
+        # spool's part is read from the spool itself).
+        self.inherited = empty_account()
 
     def pending(self) -> int:
         return len(self._batch["step"]) if self._batch is not None else 0
@@ -158,7 +168,8 @@ class LocalPipeline:
                    for index, loader in enumerate(header["loaders"])]
         steps = {name: batch[name] if batch else [] for name in STEP_COLUMNS}
         payload = {**header, "loaders": loaders, "steps": steps, "phases": batch["phases"] if batch else [],
-                   "drops": {**self.delivery.dropped(), **header.get("drops", {})}}
+                   "drops": {**self.delivery.dropped(), **header.get("drops", {})},
+                   "delivery": with_buffer_drops(self.account(), header["loaders"])}
         book.seq = header["seq"]
         self.delivery.deliver(payload, deadline=deadline)
         return len(steps["step"])
@@ -182,6 +193,10 @@ class LocalPipeline:
 
     def dropped(self) -> dict:
         return self.delivery.dropped()
+
+    def account(self) -> dict:
+        """Where the records this pipeline was given went (account.py)."""
+        return add_accounts(self.inherited, self.delivery.account())
 
     def reset_backoff(self) -> None:
         self.delivery.reset_backoff()

@@ -99,6 +99,10 @@ class Shipper(threading.Thread):
             self._done.set()
         return self._done.wait(timeout_s)
 
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for the final flush requested by `stop`; True when it completed."""
+        return self._done.wait(timeout_s)
+
     def _note_error(self, text: str) -> None:
         if len(self.errors) < 20:
             self.errors.append(text)
@@ -115,20 +119,27 @@ class Shipper(threading.Thread):
             return []
 
     def _resolve_gpu(self, records: list[tuple], final: bool) -> list[tuple]:
-        """Replace event tokens by GPU idle ns; hold back records whose events are pending."""
+        """Replace event tokens by GPU idle ns. A record whose events are still pending is held
+        back, and so is every later record of the same loader, even one without events: the
+        collector and the summary see each loader's steps in order."""
         timer = self.session.gpu_timer_if_any()
         now = time.monotonic()
-        pending = self._pending_gpu
+        queue = self._pending_gpu + [(now, r) for r in records]  # held ones are the older
         self._pending_gpu = []
         ready: list[tuple] = []
-        plain: list[tuple] = []
-        for r in records:
-            (plain if len(r) <= R_GPU or r[R_GPU] is None else pending).append(
-                r if len(r) <= R_GPU or r[R_GPU] is None else (now, r))
+        blocked: set[int] = set()  # loaders with an earlier record still pending
         give_up_at = now + GPU_FINAL_WAIT_S if final else None
-        for first_seen, rec in pending:
+        for first_seen, rec in queue:
+            loader = rec[0][0]
+            if loader in blocked:
+                self._pending_gpu.append((first_seen, rec))
+                continue
+            token = rec[R_GPU] if len(rec) > R_GPU else None
+            if token is None or isinstance(token, int):  # no events, or resolved while held
+                ready.append(rec)
+                continue
             while True:
-                result = timer.resolve(rec[R_GPU]) if timer is not None else None
+                result = timer.resolve(token) if timer is not None else None
                 if result is not PENDING:
                     ready.append(rec[:R_GPU] + (result,) + rec[R_GPU + 1:])
                     break
@@ -138,9 +149,10 @@ class Shipper(threading.Thread):
                 if final or now - first_seen > GPU_PENDING_LIMIT_S:
                     ready.append(rec[:R_GPU] + (None,) + rec[R_GPU + 1:])
                 else:
+                    blocked.add(loader)
                     self._pending_gpu.append((first_seen, rec))
                 break
-        return plain + ready
+        return ready
 
     def cycle(self, final: bool = False) -> None:
         """Ship what the buffer held when the cycle began, in chunks with the GIL handed back
@@ -174,6 +186,11 @@ class Shipper(threading.Thread):
         try:
             if final:
                 pipeline.flush(deadline)
+                if not session.active:
+                    # One more batch without records: the run's final delivery account (the
+                    # last batch carried the account as it stood before its own delivery), so
+                    # the collector shows what was dropped up to the end.
+                    self._send({}, True, deadline)
             else:
                 pipeline.replay()
         except TransportError as exc:

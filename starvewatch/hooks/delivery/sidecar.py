@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import marshal
 import os
 import queue
 import signal
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 from ...logonce import RateLimitedLog
+from .account import Warnings
 from .collector_link import find_collector
 from .records import LocalPipeline
 from ..samplers import HostSampler, _psutil, gpu_reading
@@ -80,7 +82,9 @@ class Sidecar:
         if self.delivery_settings:
             d = self.delivery_settings
             self.transport = HttpTransport(d["url"], d.get("token")) if d.get("url") else None
-            self.delivery = Delivery(self.transport, Spool(Path(d["spool_dir"]), int(d["spool_max_bytes"])))
+            # Its console lines reach the training console: the sidecar's stderr is inherited.
+            self.delivery = Delivery(self.transport, Spool(Path(d["spool_dir"]), int(d["spool_max_bytes"])),
+                                     warnings=Warnings(quiet=bool(settings.get("quiet"))))
             self.pipeline = LocalPipeline(self.delivery, int(settings["wall_offset_ns"]), vectorized=True)
 
     def send(self, message: dict) -> None:
@@ -143,24 +147,35 @@ class Sidecar:
                 header, parts = body
                 try:
                     self.pipeline.send_packed(header, parts, self.flush_deadline)
-                except (OSError, TransportError) as exc:  # a full disk: counted, never fatal
-                    _errors.error(f"send:{type(exc).__name__}", "starvewatch: a batch could not be delivered "
-                                  "or spooled: %s", exc)
-                # The book first: the training process takes it over with the acknowledgement.
+                except Exception as exc:  # never fatal, never silent: the records are counted
+                    lost = sum(len(marshal.loads(part)) for part in parts)
+                    self.delivery._drop("sidecar_error", lost)
+                    print(f"starvewatch: warning: the sidecar could not deliver {lost} step records "
+                          f"({exc!r}); counted as dropped", file=sys.stderr, flush=True)
+                # The book and the account first: the training process takes them over with
+                # the acknowledgement (both include this batch).
                 self.send({"kind": "book", "book": self.pipeline.book().to_dict()})
-                self.send({"kind": "acked", "seq": header["seq"], "dropped": self.delivery.dropped()})
+                self.send({"kind": "acked", "seq": header["seq"], "dropped": self.delivery.dropped(),
+                           "account": self.pipeline.account()})
             elif kind == "flush":
-                self._replay(self.flush_deadline)
-                self.send({"kind": "flushed", "dropped": self.delivery.dropped()})
+                self._replay(self.flush_deadline, final=True)
+                self.send({"kind": "flushed", "dropped": self.delivery.dropped(),
+                           "account": self.pipeline.account()})
                 self.flush_deadline = None
             else:
                 return
 
-    def _replay(self, deadline: float | None) -> None:
+    def _replay(self, deadline: float | None, final: bool = False) -> None:
+        before = self.delivery.acknowledged
         try:
-            self.delivery.replay(deadline)
+            if final:
+                self.delivery.flush(deadline)
+            else:
+                self.delivery.replay(deadline)
         except (OSError, TransportError) as exc:
             _errors.error(f"replay:{type(exc).__name__}", "starvewatch: replaying the spool failed: %s", exc)
+        if self.delivery.acknowledged != before:  # spooled records reached the collector
+            self.send({"kind": "account", "account": self.pipeline.account()})
 
     # ---- sampling ----------------------------------------------------------------------------
     def tick_host(self) -> None:

@@ -20,6 +20,8 @@ import threading
 import time
 from collections import OrderedDict
 
+from ...spool_format import file_name
+from .account import add_accounts, empty_account
 from .records import CHUNK, LocalPipeline, RecordBook
 from .transport import dumps
 
@@ -90,6 +92,7 @@ class SidecarLink:
         self._next_book: bytes | None = None
         self.flushed = 0
         self.dropped = {"spool_payloads": 0, "spool_records": 0}
+        self.account: dict | None = None  # the sidecar's delivery account, as of `acked_seq`
         self.collector: str | None = None  # what the sidecar found at the collector's URL
 
     @classmethod
@@ -103,7 +106,8 @@ class SidecarLink:
                   "delivery": None if not delivers else {
                       "url": settings.url, "token": settings.token, "dir": str(settings.dir),
                       "spool_dir": str(session.spool_dir), "spool_max_bytes": settings.spool_max_bytes,
-                      "autostart": settings.autostart, "local_rank": session.local_rank}}
+                      "autostart": settings.autostart, "local_rank": session.local_rank},
+                  "quiet": settings.quiet}
         # The package as this process imported it, even when a script put it on sys.path: the
         # directory above `starvewatch`, one level up per dot in this module's name.
         package_root = os.path.dirname(os.path.abspath(__file__))
@@ -113,7 +117,7 @@ class SidecarLink:
         try:
             proc = subprocess.Popen([sys.executable, "-m", SIDECAR_MODULE],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                    stderr=subprocess.DEVNULL, close_fds=True)
+                                    close_fds=True)  # stderr inherited: its warnings reach the console
         except (OSError, ValueError) as exc:  # no process to spare: the training process does it all
             log.warning("starvewatch: the sidecar process could not start (%s); sampling and delivery "
                         "run in the training process", exc)
@@ -156,11 +160,15 @@ class SidecarLink:
                 if kind == "acked":  # follows the book that includes the batch
                     self.acked_seq = max(self.acked_seq, message["seq"])
                     self.dropped = message.get("dropped", self.dropped)
+                    self.account = message.get("account", self.account)
                     if self._next_book is not None:
                         self.book_line, self._next_book = self._next_book, None
                 elif kind == "flushed":
                     self.flushed += 1
                     self.dropped = message.get("dropped", self.dropped)
+                    self.account = message.get("account", self.account)
+                elif kind == "account":
+                    self.account = message["account"]
                 elif kind == "collector":
                     self.collector = message.get("found")
                 elif kind in ("host", "gpu", "processes", "sampled", "stack", "worker_memory"):
@@ -328,6 +336,19 @@ class SidecarPipeline:
         self._trim()
         self.lost_records += sum(self._let_go.values())  # neither in the book nor here
         self._let_go.clear()
+        # What the sidecar settled stays settled; the spool's part is read from the spool. The
+        # batches re-delivered from memory below leave the spool first (the sidecar may have
+        # spooled them after its last report), so no record is in two places.
+        spool = self.local.delivery.spool
+        for seq in self._unacked:
+            spool.remove(spool.directory / file_name(seq))
+        settled = self.link.account or empty_account()
+        # Spooled records the sidecar reported that are gone now were delivered meanwhile (its
+        # replay, or the collector's sweep of the spool directory).
+        taken = max(0, settled["spooled"] - spool.records)
+        self.local.inherited = add_accounts(
+            {"acknowledged": settled["acknowledged"] + taken, "dropped": settled["dropped"]},
+            {"dropped": {"sidecar_died": self.lost_records}})
         for header, parts, _ in self._unacked.values():
             self.local.send_packed(header, parts, deadline)
         self._unacked.clear()
@@ -368,6 +389,14 @@ class SidecarPipeline:
         if self.lost_records:
             out["sidecar_records"] = self.lost_records
         return out
+
+    def account(self) -> dict:
+        """Where the records went: the sidecar's account while it delivers (batches it has
+        not acknowledged yet are in flight), this process's after a take-over."""
+        if not self.remote:
+            return self.local.account()
+        self.link.poll()
+        return self.link.account or empty_account()
 
     def reset_backoff(self) -> None:
         self.local.reset_backoff()

@@ -2,23 +2,23 @@
 
 The spool is the safety net: when the collector is down or slow, batches are written there
 (gzip JSON, one file per sequence number, written atomically; the format is
-starvewatch/spool_format.py) and replayed in order when it answers again. The collector dedups by (stream, seq), so a replay never duplicates anything.
+starvewatch/spool_format.py, the directory spool.py) and replayed in order when it answers
+again. The collector dedups by (stream, seq), so a replay never duplicates anything.
 """
 from __future__ import annotations
 
 import gzip
 import http.client
 import json
-import logging
 import os
 import time
 import urllib.parse
 from pathlib import Path
 
-from ...logonce import RateLimitedLog
-from ...spool_format import SUFFIX, file_name, read_spool_file
+from .account import SlowWatch, Warnings, drop_reason, rejected_dir
+from ...spool_format import file_name, read_spool_file
+from .spool import Spool, _records_in
 
-_spool_errors = RateLimitedLog(logging.getLogger("starvewatch.delivery"))
 
 _dumps = None
 
@@ -38,7 +38,11 @@ GZIP_MIN_BYTES = 1024
 
 
 class TransportError(Exception):
-    pass
+    """The collector could not take the batch now (down, slow, 5xx): keep it and retry."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class MemoryTransport:
@@ -83,14 +87,23 @@ class HttpTransport:
         all_headers = dict(headers or {})
         if self._token:
             all_headers["Authorization"] = f"Bearer {self._token}"
-        try:
-            conn = self._connection()
-            conn.request(method, self._prefix + path, body=body, headers=all_headers)
-            response = conn.getresponse()
-            return response.status, response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            self.close()
-            raise TransportError(f"{method} {path}: {exc}") from exc
+        for attempt in (1, 2):
+            reused = self._conn is not None
+            try:
+                conn = self._connection()
+                conn.request(method, self._prefix + path, body=body, headers=all_headers)
+                response = conn.getresponse()
+                return response.status, response.read()
+            except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine) as exc:
+                self.close()
+                # A kept-alive connection to a collector that restarted fails once; a new one
+                # may not (every request here is idempotent: the collector deduplicates).
+                if not (reused and attempt == 1):
+                    raise TransportError(f"{method} {path}: {exc}") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                raise TransportError(f"{method} {path}: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def send(self, payload: dict, body: bytes | None = None) -> None:
         data = body if body is not None else dumps(payload)
@@ -99,12 +112,17 @@ class HttpTransport:
             data = gzip.compress(data, compresslevel=1)
             headers["Content-Encoding"] = "gzip"
         status, text = self.request("POST", self.path, data, headers)
+        if status < 400:
+            return
+        detail = text[:300].decode("utf-8", "replace")
+        if status in (401, 403):
+            raise AuthError(f"collector answered {status}: {detail}", status)
+        if status == 413:
+            raise TooLargeError(f"collector answered 413: {detail}", status)
         if status >= 500 or status in (408, 429):
-            raise TransportError(f"collector answered {status}")
-        if status >= 400:
-            # A batch the collector rejects would be rejected again: keep it out of the spool
-            # replay loop, but say so.
-            raise RejectedError(f"collector rejected a batch ({status}): {text[:300]!r}")
+            raise TransportError(f"collector answered {status}", status)
+        # Invalid (422, 400, 415): it would be refused again, so it leaves the replay loop.
+        raise RejectedError(f"collector rejected a batch ({status}): {detail}", status)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -115,101 +133,64 @@ class HttpTransport:
 
 
 class RejectedError(TransportError):
-    pass
+    """The collector refused the batch as invalid: it would be refused again."""
 
 
-class Spool:
-    """A bounded directory of pending batches for one process stream."""
+class AuthError(TransportError):
+    """401/403: a missing or wrong token. The batch is fine; keep it until one is accepted."""
 
-    def __init__(self, directory: Path, max_bytes: int) -> None:
-        self.directory = Path(directory)
-        self.max_bytes = max_bytes
-        self.dropped_payloads = 0
-        self.dropped_records = 0
-        self._bytes = None
-        # Whether files may be waiting: kept in memory, so a healthy delivery never lists the
-        # directory (each syscall on the shipper thread costs the training thread a GIL switch).
-        # The collector can ingest the spool itself, so True is a hint that replay corrects.
-        self._maybe_pending: bool | None = None
 
-    @property
-    def maybe_pending(self) -> bool:
-        if self._maybe_pending is None:
-            self._maybe_pending = bool(self._files())
-        return self._maybe_pending
-
-    def _files(self) -> list[Path]:
-        try:
-            return sorted(p for p in self.directory.iterdir() if p.name.endswith(SUFFIX))
-        except FileNotFoundError:
-            return []
-
-    def pending(self) -> list[Path]:
-        files = self._files()
-        self._maybe_pending = bool(files)
-        return files
-
-    def write(self, seq: int, body: bytes, records: int) -> None:
-        data = gzip.compress(body, compresslevel=1)
-        self._make_room(len(data))
-        final = self.directory / file_name(seq)
-        tmp = final.with_suffix(".tmp")
-        try:
-            f = open(tmp, "wb")
-        except FileNotFoundError:  # the first write, or the directory was removed (an import)
-            self.directory.mkdir(parents=True, exist_ok=True)
-            f = open(tmp, "wb")
-        with f:
-            f.write(data)
-        os.replace(tmp, final)  # atomic: a reader never sees half a batch
-        self._bytes = (self._bytes or 0) + len(data)
-        self._maybe_pending = True
-
-    def _make_room(self, incoming: int) -> None:
-        if self._bytes is None:
-            self._bytes = sum(p.stat().st_size for p in self._files())
-        if self._bytes + incoming <= self.max_bytes:
-            return
-        for path in self._files():  # oldest first
-            if self._bytes + incoming <= self.max_bytes:
-                break
-            try:
-                size = path.stat().st_size
-                records = len(read_spool_file(path).get("steps", {}).get("step", []))
-                path.unlink()
-            except (OSError, ValueError) as exc:
-                _spool_errors.error("make-room", "starvewatch: spool file %s cannot be read or removed to make "
-                                    "room (%s); the spool may outgrow its limit", path, exc)
-                continue
-            self._bytes -= size
-            self.dropped_payloads += 1
-            self.dropped_records += records
-
-    def remove(self, path: Path) -> None:
-        try:
-            size = path.stat().st_size
-            path.unlink()
-            if self._bytes is not None:
-                self._bytes -= size
-        except FileNotFoundError:
-            pass
+class TooLargeError(TransportError):
+    """413: the body is over the collector's limit; smaller batches will pass."""
 
 
 class Delivery:
-    """Sends in sequence order; falls back to the spool and replays it with back-off."""
+    """Sends in sequence order; falls back to the spool and replays it with back-off; keeps
+    the account of where every step record went (account.py)."""
+
+    SLOW_S = 1.0  # a send slower than this is worth one console line
 
     def __init__(self, transport, spool: Spool, *, min_backoff_s: float = 0.5,
-                 max_backoff_s: float = 30.0) -> None:
+                 max_backoff_s: float = 30.0, warnings: Warnings | None = None) -> None:
         self.transport = transport
         self.spool = spool
         self.min_backoff_s = min_backoff_s
         self.max_backoff_s = max_backoff_s
+        self.warnings = warnings if warnings is not None else Warnings(quiet=True)
         self._backoff_s = min_backoff_s
         self._retry_at = 0.0
         self.failures = 0
-        self.rejected = 0
         self.last_error: str | None = None
+        self.acknowledged = 0
+        self._dropped: dict[str, int] = {}
+        # Learned from a 413: batches with more step records are split before sending, so a
+        # known limit is never sent over again.
+        self.max_records: int | None = None
+        self._slow = SlowWatch(self.SLOW_S, self._say_slow)
 
+    def _say_slow(self, elapsed_s: float) -> None:
+        url = getattr(self.transport, "url", "the collector")
+        self.warnings.once("slow", f"the collector at {url} does not answer in time ({elapsed_s:.1f} s for one "
+                                   f"batch so far): delivery falls behind; what is not delivered by the end "
+                                   f"waits in the spool")
+
+    # ---- the account --------------------------------------------------------------------------
+    def account(self) -> dict:
+        dropped = dict(self._dropped)
+        if self.spool.dropped_records:
+            dropped["spool_full"] = self.spool.dropped_records
+        spooled = self.spool.records
+        return {"acknowledged": self.acknowledged + self.spool.vanished_records, "spooled": spooled,
+                "dropped": dropped}
+
+    def _drop(self, reason: str, records: int) -> None:
+        if records:
+            self._dropped[reason] = self._dropped.get(reason, 0) + records
+
+    def dropped(self) -> dict:
+        return {"spool_payloads": self.spool.dropped_payloads, "spool_records": self.spool.dropped_records}
+
+    # ---- back-off -----------------------------------------------------------------------------
     def _backlog(self) -> bool:
         return self.spool.maybe_pending
 
@@ -227,29 +208,137 @@ class Delivery:
         self._backoff_s = self.min_backoff_s
         self._retry_at = 0.0
 
+    # ---- sending ----------------------------------------------------------------------------
     def deliver(self, payload: dict, body: bytes | None = None, deadline: float | None = None) -> None:
         """Send one batch, or spool it: when the collector is down, backing off, behind a
         backlog (order matters), or the flush `deadline` (monotonic) has passed."""
         body = body if body is not None else dumps(payload)
-        records = len(payload.get("steps", {}).get("step", ()))
+        records = _records_in(payload)
         if self.transport is None or time.monotonic() < self._retry_at or self._backlog() \
                 or (deadline is not None and time.monotonic() > deadline):
-            self.spool.write(payload["seq"], body, records)
+            self._spool(payload["seq"], body, records)
             return
+        if not self._try_send(payload, body, records):
+            self._spool(payload["seq"], body, records)
+
+    def _spool(self, seq: int, body: bytes, records: int) -> None:
+        try:
+            self.spool.write(seq, body, records)
+        except OSError as exc:
+            reason = drop_reason(exc)
+            self._drop(reason, records)
+            where = self.spool.directory
+            text = {"disk_full": f"the disk holding the spool at {where} is full",
+                    "spool_unwritable": f"cannot write the spool at {where} ({exc.strerror or exc})"}.get(
+                reason, f"cannot write the spool at {where} ({exc})")
+            self.warnings.once(reason, f"{text}: step records that cannot be delivered are dropped "
+                                       f"(counted in the run's delivery account)")
+        if self.spool.dropped_records:
+            self.warnings.once("spool_full", f"the spool at {self.spool.directory} reached its bound of "
+                                             f"{self.spool.max_bytes / 2**20:.0f} MiB: the oldest batches are "
+                                             f"dropped (counted)")
+
+    def _try_send(self, payload: dict, body: bytes | None, records: int, spooled: Path | None = None) -> bool:
+        """One batch to the collector. True when it is settled (acknowledged, or moved to
+        rejected/, or dropped as too large); False when it must wait (spool or keep it)."""
+        self._slow.begin()
+        try:
+            too_large = self._send_fitting(payload, body, records)
+        except AuthError as exc:
+            self._slow.end()
+            self._failed(exc)
+            self.warnings.once("token", f"the collector rejected our token ({exc.status}): records are kept in "
+                                        f"the spool at {self.spool.directory} until it accepts one "
+                                        f"(STARVEWATCH_TOKEN must be the collector's --token)")
+            return False
+        except RejectedError as exc:
+            self._slow.end()
+            self._reject(payload, body, records, spooled, exc)
+            return True
+        except TransportError as exc:
+            self._slow.end()
+            self._failed(exc)
+            url = getattr(self.transport, "url", "the collector")
+            if exc.status is not None:
+                self.warnings.once("unavailable", f"the collector at {url} answered {exc.status}: records are "
+                                                  f"kept in the spool at {self.spool.directory} and sent when "
+                                                  f"it recovers")
+            elif "timed out" in str(exc):
+                self.warnings.once("slow", f"the collector at {url} does not answer in time ({exc}): records are "
+                                           f"kept in the spool at {self.spool.directory} and sent later")
+            else:
+                self.warnings.once("unreachable", f"the collector at {url} does not answer ({exc}): records are "
+                                                  f"kept in the spool at {self.spool.directory} and sent when "
+                                                  f"it does")
+            return False
+        except BaseException:
+            self._slow.end()
+            raise
+        self._slow.end()
+        self._succeeded()
+        self.acknowledged += records - too_large
+        self._drop("too_large", too_large)
+        if too_large:
+            self.warnings.once("too_large", "a step record larger than the collector's body limit was dropped "
+                                            "(counted)")
+        return True
+
+    def _send_fitting(self, payload: dict, body: bytes | None, records: int) -> int:
+        """Send within the collector's known limit, splitting on a 413; returns the number
+        of single records dropped as too large. Raises TransportError to retry later (the
+        parts already sent are deduplicated by the collector on a resend)."""
+        if self.max_records is not None and records > self.max_records:
+            return self._send_split(payload, self.max_records)
         try:
             self.transport.send(payload, body)
-            self._succeeded()
-        except RejectedError as exc:
-            self.rejected += 1
-            self.last_error = str(exc)
-        except TransportError as exc:
-            self._failed(exc)
-            self.spool.write(payload["seq"], body, records)
+            return 0
+        except TooLargeError:
+            if records <= 1 and not payload.get("loaders") and not payload.get("run"):
+                return records  # one record alone is over the limit
+            self.max_records = max(1, records // 2) if self.max_records is None \
+                else max(1, min(self.max_records, records // 2))
+            return self._send_split(payload, self.max_records)
 
-    def dropped(self) -> dict:
-        return {"spool_payloads": self.spool.dropped_payloads, "spool_records": self.spool.dropped_records}
+    def _send_split(self, payload: dict, size: int) -> int:
+        """The header (loaders, totals, samples, status: everything but the steps) under the
+        batch's own sequence number, then the steps in parts of `size` under a sub-stream of
+        their own (`<stream>.<seq>`, finished, no totals: nothing is counted twice)."""
+        steps = payload.get("steps") or {}
+        n = _records_in(payload)
+        header = {**payload, "steps": {name: [] for name in steps}}
+        self.transport.send(header)
+        too_large = 0
+        for part, first in enumerate(range(0, n, size), start=1):
+            piece = {"schema": payload["schema"], "run_id": payload["run_id"], "rank": payload.get("rank", 0),
+                     "stream": f"{payload['stream']}.{payload['seq']}", "seq": part, "status": "finished",
+                     "steps": {name: values[first:first + size] for name, values in steps.items()}}
+            too_large += self._send_fitting(piece, None, _records_in(piece))
+        return too_large
+
+    def _reject(self, payload: dict, body: bytes | None, records: int, spooled: Path | None,
+                exc: RejectedError) -> None:
+        """An invalid batch: out of the replay loop, into `rejected/` (for a bug report), counted."""
+        target = Path(rejected_dir(self.spool.directory)) / file_name(payload["seq"])
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if spooled is not None:
+                self.spool.forget(spooled)
+                os.replace(spooled, target)
+            else:
+                target.write_bytes(gzip.compress(body if body is not None else dumps(payload), compresslevel=1))
+        except OSError:
+            if spooled is not None:
+                self.spool.remove(spooled)
+        self._drop("rejected", records)
+        self.last_error = str(exc)
+        self.warnings.once("rejected", f"the collector rejected a batch of {records} step records as invalid "
+                                       f"({exc.status}): it is kept in {target.parent} and counted as dropped "
+                                       f"({str(exc)[:200]})")
 
     def flush(self, deadline: float) -> bool:
+        """At the end of the run: one more try whatever the back-off, then the spool keeps
+        what is left (the collector sweeps it, or the next run with this spool replays it)."""
+        self._retry_at = 0.0
         return self.replay(deadline)
 
     def replay(self, deadline: float | None = None) -> bool:
@@ -268,17 +357,12 @@ class Delivery:
             except FileNotFoundError:
                 continue  # the collector ingested it from the spool directly
             except (OSError, ValueError):
-                self.spool.remove(path)  # a torn file from a crash: nothing to replay
+                self._drop("spool_error", self.spool.remove(path))  # a torn file from a crash
                 continue
-            try:
-                self.transport.send(payload)
-                self._succeeded()
-            except RejectedError as exc:
-                self.rejected += 1
-                self.last_error = str(exc)
-            except TransportError as exc:
-                self._failed(exc)
+            records = _records_in(payload)
+            if not self._try_send(payload, None, records, spooled=path):
                 return False
-            self.spool.remove(path)
+            if path.exists():  # not moved to rejected/: delivered, it leaves the spool
+                self.spool.remove(path)
         self.spool.pending()  # refresh the hint (a batch may have been spooled meanwhile)
         return True

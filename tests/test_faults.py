@@ -1,0 +1,188 @@
+"""Faults, tried for real: a training process (its sidecar, HTTP, the spool) against a real
+collector that is slow, fails, refuses the token, or a spool that cannot be written.
+
+Every test checks the training process's delivery account (acknowledged + spooled + dropped
+= the steps it ran), what the collector holds once the fault is gone (every step that was not
+dropped, exactly once), and the one console line that names the problem. How long a fault
+delays a training step is measured by benchmarks/faults.py, not asserted here.
+"""
+import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+
+import pytest
+
+from tests.conftest import wait_until
+from benchmarks.faultproxy import FaultProxy
+
+TRAIN = r"""
+import json, os, sys, time, starvewatch
+steps, marker, hold = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+for i in starvewatch.watch(range(steps), name="train"):
+    time.sleep(0.004)
+    if i == steps // 3:
+        open(marker, "w").close()
+deadline = time.monotonic() + 60
+while hold != "-" and not os.path.exists(hold) and time.monotonic() < deadline:
+    time.sleep(0.05)  # the test lets the run end when it has set the scene
+summary = starvewatch.finish()
+print(json.dumps({"run_id": summary["run"]["id"], "steps": summary["loaders"][0]["steps"],
+                  "delivery": summary.get("delivery")}))
+"""
+
+STEPS = 450
+
+
+def start_training(tmp_path, url, data_dir, hold="-", **env_extra):
+    marker = tmp_path / "midway"
+    env = dict(os.environ, STARVEWATCH_URL=url, STARVEWATCH_DIR=str(data_dir), STARVEWATCH_QUIET="0",
+               STARVEWATCH_RUN_NAME="fault", STARVEWATCH_SHIP_INTERVAL_S="0.2")
+    env.update(env_extra)
+    proc = subprocess.Popen([sys.executable, "-c", TRAIN, str(STEPS), str(marker), str(hold)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, marker
+
+
+def finish_training(proc) -> tuple[dict, str]:
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1]), err
+
+
+def warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("starvewatch: warning:")]
+
+
+def said_once(stderr: str, *words: str) -> None:
+    """The console named the problem in exactly one line. (A loaded machine may add a line
+    about a slow answer; none may speak of a loss unless the test is about one.)"""
+    lines = warnings(stderr)
+    assert len([w for w in lines if all(word in w for word in words)]) == 1, stderr
+    if not any("drop" in word for word in words):
+        assert not [w for w in lines if "dropped" in w], stderr
+
+
+def check_account(result: dict) -> dict:
+    account = result["delivery"]
+    assert account is not None, "finish() gave no delivery account"
+    assert result["steps"] == STEPS
+    assert account["acknowledged"] + account["spooled"] + sum(account["dropped"].values()) == STEPS, account
+    return account
+
+
+def held_once(c, run_id: str, expected: int) -> None:
+    """The collector holds `expected` steps of the run, each exactly once."""
+    def stored():
+        try:
+            summary = c.get(f"/api/v1/runs/{run_id}/summary")
+        except AssertionError:
+            return None
+        return summary["loaders"] and sum(p["steps"] for p in
+                                          c.get(f"/api/v1/runs/{run_id}/series?points=10000")["points"]) == expected
+    wait_until(stored, timeout_s=30, what=f"{expected} steps at the collector")
+    seen, after = [], 0
+    while after is not None:
+        page = c.get(f"/api/v1/runs/{run_id}/steps?limit=100000&after={after}")
+        seen += [(r["epoch"], r["step"]) for r in page["steps"]]
+        after = page["next_after"]
+    assert len(seen) == len(set(seen)) == expected
+
+
+@contextmanager
+def proxy_for(c):
+    proxy = FaultProxy(c.port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("fault", ["slow", "500"])
+def test_a_slow_or_failing_collector_delays_nothing_and_loses_nothing(fault, collector, tmp_path,
+                                                                       isolated_starvewatch):
+    c = collector(extra=["--lost-after", "5"])
+    with proxy_for(c) as proxy:
+        proxy.mode = fault  # 2 s per request, or 500 at once
+        proc, marker = start_training(tmp_path, proxy.url, isolated_starvewatch)
+        wait_until(marker.exists, timeout_s=60, what="the run to be a third done")
+        wait_until(lambda: proxy.requests[fault] >= 2, what="the fault to be met")
+        proxy.mode = "pass"
+        result, err = finish_training(proc)
+    account = check_account(result)
+    assert account["dropped"] == {}
+    # What the flush could not send in time stays in the spool; the collector sweeps it in.
+    held_once(c, result["run_id"], STEPS)
+    said_once(err, "does not answer in time" if fault == "slow" else "answered 500")
+
+
+def test_a_wrong_token_keeps_records_in_the_spool_until_the_right_one(collector, tmp_path, isolated_starvewatch):
+    # The collector reads another directory: only the training process's replay can deliver.
+    c = collector(token="right-token", extra=["--dir", str(tmp_path / "collector")])
+    hold = tmp_path / "hold"
+    proc, marker = start_training(tmp_path, c.url, isolated_starvewatch, hold=hold,
+                                  STARVEWATCH_TOKEN="wrong-token")
+    wait_until(marker.exists, timeout_s=60, what="the run to be a third done")
+    # Refused batches stay in the spool (the collector was up: the token was the reason).
+    wait_until(lambda: list(isolated_starvewatch.glob("spool/*/*/*.json.gz")), timeout_s=30,
+               what="a refused batch in the spool")
+    c.kill()
+    c.token = "wrong-token"  # restarted with the token the training process has
+    c.start()
+    hold.write_text("go")
+    result, err = finish_training(proc)
+    account = check_account(result)
+    assert account == {"acknowledged": STEPS, "spooled": 0, "dropped": {}}  # all replayed
+    held_once(c, result["run_id"], STEPS)
+    # The run's last batch told the collector the final account.
+    wait_until(lambda: c.get(f"/api/v1/runs/{result['run_id']}")["delivery"] == {**account, "processes": 1},
+               timeout_s=10, what="the final account at the collector")
+    said_once(err, "rejected our token (401)")
+
+
+def _mount_tmpfs(path, size: str, read_only: bool = False):
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
+
+
+@pytest.fixture
+def mounts():
+    mounted = []
+
+    def mount(path, size, read_only=False):
+        _mount_tmpfs(path, size, read_only)
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_read_only_spool_drops_records_counted_and_warns_once(tmp_path, mounts):
+    data_dir = mounts(tmp_path / "ro", "1m", read_only=True)  # root ignores chmod; a mount does not
+    proc, _ = start_training(tmp_path, "off", data_dir)  # no collector: everything goes to the spool
+    result, err = finish_training(proc)
+    account = check_account(result)
+    assert account["acknowledged"] == account["spooled"] == 0
+    assert account["dropped"] == {"spool_unwritable": STEPS}
+    said_once(err, "cannot write the spool", "dropped")
+
+
+def test_a_full_disk_keeps_what_fits_and_counts_the_rest(collector, tmp_path, mounts):
+    data_dir = mounts(tmp_path / "small", "8k")  # two pages: two spool files
+    proc, _ = start_training(tmp_path, "off", data_dir, STARVEWATCH_SHIP_INTERVAL_S="0.05")
+    result, err = finish_training(proc)
+    account = check_account(result)
+    assert account["acknowledged"] == 0 and account["spooled"] > 0
+    assert set(account["dropped"]) == {"disk_full"} and account["dropped"]["disk_full"] > 0
+    said_once(err, "disk", "is full", "dropped")
+    # A collector started later on that directory sweeps in exactly what was spooled.
+    c = collector(extra=["--dir", str(data_dir), "--db", str(tmp_path / "collector.db")])
+    held_once(c, result["run_id"], account["spooled"])
