@@ -273,6 +273,7 @@ def test_gpu_measurements_travel_through_the_sidecar(monkeypatch):
     from tests.test_measurement import FakeGpu
     gpu = FakeGpu()
     monkeypatch.setattr(cuda, "detect_event_factory", lambda: gpu.event)
+    monkeypatch.setenv("STARVEWATCH_GPU_EVENT_EVERY", "1")  # every step measured: checked below
 
     def slow_source():
         for i in range(25):

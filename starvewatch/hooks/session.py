@@ -119,7 +119,7 @@ class Session:
         if timer is None and self.active:
             factory = cuda.detect_event_factory()
             if factory is not None:
-                timer = self._gpu_timer = cuda.CudaEventTimer(factory)
+                timer = self._gpu_timer = cuda.CudaEventTimer(factory, every=self.settings.gpu_event_every)
         return timer if self.active else None
 
     def gpu_timer_if_any(self):
