@@ -254,6 +254,35 @@ def test_cuda_events_on_a_random_fraction_of_steps():
         every_step.release(token)
 
 
+def test_sampled_cuda_events_keep_every_step_and_an_unbiased_idle_fraction(monkeypatch, memory_run):
+    """With one step in 4 measured, the steps between take the fast path: every step is still
+    recorded with its wait and compute, and the GPU-idle fraction comes from the measured ones."""
+    from starvewatch.hooks.loader import FastGpuWatchedIterator
+    session, transport = memory_run
+    session.settings.gpu_event_every = 4
+    gpu = FakeGpu()
+    monkeypatch.setattr(cuda, "detect_event_factory", lambda: gpu.event)
+    classes = set()
+
+    def source():
+        for i in range(200):
+            time.sleep(0.002)  # a data wait with the GPU queue empty: the GPU starves
+            yield i
+
+    iterator = iter(starvewatch.watch(source()))
+    for _ in iterator:
+        classes.add(type(iterator))
+        gpu.launch(0.0002)
+    summary = starvewatch.finish()
+    idle = shipped_column(transport, "gpu_idle_ns")
+    measured = [v for v in idle if v is not None]
+    assert len(idle) == 200 and summary["loaders"][0]["steps"] == 200
+    assert 25 <= len(measured) <= 80  # ~50
+    assert FastGpuWatchedIterator in classes
+    assert summary["verdict"]["gpu_idle_fraction"] > 0.6
+    assert sorted(shipped_steps(transport)) == [("train", 0, s) for s in range(200)]
+
+
 _DIST_SCRIPT = """
 import starvewatch, json
 from starvewatch.hooks.delivery.transport import MemoryTransport
