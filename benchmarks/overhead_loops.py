@@ -17,6 +17,7 @@ import threading
 import time
 
 import starvewatch
+import starvewatch.hooks.session
 
 
 def _settle() -> None:
@@ -28,6 +29,7 @@ def _settle() -> None:
 def _paired(run, repeats: int) -> dict:
     """run(watched) -> (wall_s, thread_cpu_s, batches); alternating pairs, medians."""
     run(False)  # warm-up: first-touch costs would count against whichever side runs first
+    _SIDECAR_CPU.clear()
     pairs = []
     for i in range(repeats):
         order = (False, True) if i % 2 == 0 else (True, False)
@@ -42,6 +44,8 @@ def _paired(run, repeats: int) -> dict:
         "added_pct": 100 * (statistics.median(wall) - 1),
         "added_pct_quartiles": [100 * (q - 1) for q in statistics.quantiles(wall, n=4)] if len(wall) > 1 else None,
         "thread_cpu_added_pct": 100 * (statistics.median(cpu) - 1),
+        # up to its last tick (what it still does at finish() is not counted)
+        "sidecar_cpu_us_per_batch": statistics.median(_SIDECAR_CPU) * 1e6 if _SIDECAR_CPU else None,
     }
 
 
@@ -57,9 +61,23 @@ def _loop(make_loader, step, watched: bool, name: str):
         n += 1
     wall, cpu = time.perf_counter() - t, time.thread_time() - c
     if watched:
+        session = starvewatch.hooks.session.current_session()
+        _SIDECAR_CPU.append(_process_cpu_s(session.sidecar.proc.pid) / n if session.sidecar else 0.0)
         starvewatch.finish(quiet=True)
         _settle()
     return wall, cpu, n
+
+
+_SIDECAR_CPU: list[float] = []  # the sidecar's CPU seconds per batch, per watched run
+
+
+def _process_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by a process (Linux /proc; 0 where unknown)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def fast_dataloader(batches: int, repeats: int) -> dict:
@@ -208,7 +226,8 @@ def table(results: dict) -> str:
             rows.append((f"{what}: what `watch()` adds",
                          f"**{r['added_pct']:+.2f}%** wall, median of {r['repeats']} alternating pairs "
                          f"({r['bare_us_per_batch']:.1f} vs {r['watched_us_per_batch']:.1f} µs per batch); "
-                         f"training thread's CPU {r['thread_cpu_added_pct']:+.2f}%", "≤ +1%"))
+                         f"training thread's CPU {r['thread_cpu_added_pct']:+.2f}%; sidecar process "
+                         f"{r['sidecar_cpu_us_per_batch'] or 0:.2f} µs CPU per batch", "≤ +1%"))
     s = results.get("startup")
     if s:
         rows.append(("from `watch()` to the first batch, over bare (fresh processes)",
