@@ -234,9 +234,9 @@ def new_loops(args, only, results: dict) -> None:
     quick = args.quick
     wanted = (lambda key: only is None or key in only)
     if wanted("fast"):
-        results["fast_dataloader"] = loops.fast_dataloader(5_000 if quick else 40_000, 4 if quick else 16)
+        results["fast_dataloader"] = loops.fast_dataloader(5_000 if quick else 20_000, 4 if quick else 12)
     if wanted("train"):
-        results["train_step"] = loops.train_step(1_000 if quick else 8_000, 4 if quick else 16)
+        results["train_step"] = loops.train_step(1_000 if quick else 4_000, 4 if quick else 12)
     if wanted("startup"):
         results["startup"] = loops.startup(2 if quick else 8)
     if wanted("cuda"):
