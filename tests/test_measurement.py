@@ -191,6 +191,7 @@ class FakeGpu:
 @pytest.mark.parametrize("gpu_work_s,expect_idle", [(0.001, True), (0.03, False)])
 def test_cuda_events_measure_what_the_gpu_saw(monkeypatch, memory_run, gpu_work_s, expect_idle):
     session, transport = memory_run
+    session.settings.gpu_event_every = 1  # every step measured: each one is checked below
     gpu = FakeGpu()
     monkeypatch.setattr(cuda, "detect_event_factory", lambda: gpu.event)
 
@@ -226,6 +227,60 @@ def test_exhausted_event_pool_skips_rather_than_blocks(monkeypatch, memory_run):
     summary = starvewatch.finish()
     assert summary["loaders"][0]["steps"] == 10
     assert shipped_column(transport, "gpu_idle_ns").count(None) == 10
+
+
+def test_cuda_events_on_a_random_fraction_of_steps():
+    """One step in `every` on average is measured, with random gaps (no step period of the
+    loop can line up with them); the first step always is; skipped steps record no event."""
+    from tests.standins.fake_cuda import StandInCuda
+    gpu = StandInCuda()
+    timer = cuda.CudaEventTimer(gpu.event, pool_size=4, every=8, seed=1)
+    measured = []
+    for step in range(8000):
+        token = timer.begin()
+        if token is not None:
+            timer.end(token)
+            assert timer.resolve(token) is not None
+            measured.append(step)
+    assert measured[0] == 0
+    assert 850 <= len(measured) <= 1150  # ~1,000 (1 in 8)
+    assert gpu.calls["record"] == 2 * len(measured)
+    gaps = {b - a for a, b in zip(measured, measured[1:])}
+    assert gaps == set(range(1, 16))  # every gap from 1 to 15: no fixed period
+    every_step = cuda.CudaEventTimer(gpu.event, pool_size=4, every=1)
+    for _ in range(10):
+        token = every_step.begin()
+        assert token is not None
+        every_step.release(token)
+
+
+def test_sampled_cuda_events_keep_every_step_and_an_unbiased_idle_fraction(monkeypatch, memory_run):
+    """With one step in 4 measured, the steps between take the fast path: every step is still
+    recorded with its wait and compute, and the GPU-idle fraction comes from the measured ones."""
+    from starvewatch.hooks.loader import FastGpuWatchedIterator
+    session, transport = memory_run
+    session.settings.gpu_event_every = 4
+    gpu = FakeGpu()
+    monkeypatch.setattr(cuda, "detect_event_factory", lambda: gpu.event)
+    classes = set()
+
+    def source():
+        for i in range(200):
+            time.sleep(0.002)  # a data wait with the GPU queue empty: the GPU starves
+            yield i
+
+    iterator = iter(starvewatch.watch(source()))
+    for _ in iterator:
+        classes.add(type(iterator))
+        gpu.launch(0.0002)
+    summary = starvewatch.finish()
+    idle = shipped_column(transport, "gpu_idle_ns")
+    measured = [v for v in idle if v is not None]
+    assert len(idle) == 200 and summary["loaders"][0]["steps"] == 200
+    assert 25 <= len(measured) <= 80  # ~50
+    assert FastGpuWatchedIterator in classes
+    assert summary["verdict"]["gpu_idle_fraction"] > 0.6
+    assert sorted(shipped_steps(transport)) == [("train", 0, s) for s in range(200)]
 
 
 _DIST_SCRIPT = """

@@ -279,6 +279,7 @@ def test_gpu_measurements_travel_through_the_sidecar(monkeypatch):
     from tests.test_measurement import FakeGpu
     gpu = FakeGpu()
     monkeypatch.setattr(cuda, "detect_event_factory", lambda: gpu.event)
+    monkeypatch.setenv("STARVEWATCH_GPU_EVENT_EVERY", "1")  # every step measured: checked below
 
     def slow_source():
         for i in range(25):
@@ -293,3 +294,17 @@ def test_gpu_measurements_travel_through_the_sidecar(monkeypatch):
     assert summary["verdict"]["gpu_idle_fraction"] > 0.6
     idle = [v for p in session.spool_dir.glob("*") for v in read_spool_file(p)["steps"]["gpu_idle_ns"]]
     assert len(idle) == 25 and None not in idle and sum(v > 5_000_000 for v in idle) >= 24
+
+
+def test_the_sidecar_runs_below_the_training_process_from_its_start(memory_run):
+    """Niced at spawn (its interpreter start-up and imports included), not only once its main()
+    runs: a sidecar still importing must never take a core the training waits for."""
+    session, transport = memory_run
+    link = _sidecar(session)
+    # Read at once, while the sidecar is still starting (its own fallback nice comes later).
+    assert psutil.Process(link.proc.pid).nice() == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+    list(starvewatch.watch(range(3)))
+    wait_until(lambda: _host_samples(session), what="a host sample")
+    # Its fallback did not lower it a second time.
+    assert psutil.Process(link.proc.pid).nice() == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
+    starvewatch.finish()

@@ -8,6 +8,7 @@ Events are resolved on the shipper thread with `query()`, never `synchronize()`.
 """
 from __future__ import annotations
 
+import random
 import sys
 from collections import deque
 
@@ -31,14 +32,30 @@ def detect_event_factory():
 
 
 class CudaEventTimer:
-    """A small reusable pool of event pairs; an exhausted pool skips a step, never blocks."""
+    """A small reusable pool of event pairs; an exhausted pool skips a step, never blocks.
 
-    def __init__(self, event_factory, pool_size: int = 128) -> None:
+    Each `Event.record()` costs the training thread a few µs (Python-level stream lookup plus
+    the driver call), so only one step in `every` (on average) is measured: the gaps are
+    random (1 to 2*every-1 steps), so a loop with a period of its own (gradient accumulation,
+    logging every n steps) cannot line up with them. The GPU-idle fraction is the measured
+    steps' idle over their loop time (stats.RecordStats), so it stays unbiased; its sampling
+    error grows by about sqrt(every) (docs/performance.md)."""
+
+    def __init__(self, event_factory, pool_size: int = 128, every: int = 1, seed: int | None = None) -> None:
         self._free = deque((event_factory(), event_factory()) for _ in range(pool_size))
         self.pool_size = pool_size
         self.skipped = 0
+        self.every = max(1, int(every))
+        self._random = random.Random(seed)
+        self._countdown = 1  # the first step of a run is measured
 
     def begin(self):
+        countdown = self._countdown - 1
+        if countdown > 0:
+            self._countdown = countdown
+            return None
+        every = self.every
+        self._countdown = self._random.randint(1, 2 * every - 1) if every > 1 else 1
         try:
             pair = self._free.pop()
         except IndexError:

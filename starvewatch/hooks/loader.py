@@ -110,14 +110,16 @@ class WatchedIterator:
             self._first_batch(batch)
         elif self._probe_bs:
             self._bs = leading_dim(batch)
-        if gpu is None and not self._probe_bs and not self._marked and not self._extra_wait:
-            self.__class__ = FastWatchedIterator  # (the first step closes here, with its start-up)
+        if token is None and not self._probe_bs and not self._marked and not self._extra_wait:
+            # (the first step closes here, with its start-up); with CUDA events, the fast path
+            # runs the steps between two measured ones
+            self.__class__ = FastWatchedIterator if gpu is None else FastGpuWatchedIterator
         return batch
 
     def mark(self) -> None:
         """This step needs the full path (step(), phase(), a nested loop, a CPU probe)."""
         self._marked = True
-        if type(self) is FastWatchedIterator:
+        if type(self) is not WatchedIterator:
             self.__class__ = WatchedIterator
 
     def _failed(self, exc: BaseException, t_call: int) -> None:
@@ -132,7 +134,7 @@ class WatchedIterator:
         on the general path; the iterator returns to the fast class after it)."""
         if not self._ended:
             self._cpu_probe = True
-            if type(self) is FastWatchedIterator:
+            if type(self) is not WatchedIterator:
                 self.__class__ = WatchedIterator  # the probe runs on the full path
 
     def _first_batch(self, batch) -> None:
@@ -226,6 +228,39 @@ class FastWatchedIterator(WatchedIterator):
     __slots__ = ()
 
     def __next__(self):
+        t_call = _now()
+        buffer = self._buffer
+        if len(buffer) < self._capacity:
+            buffer.append((self._key, self._step, self._t_call, self._t_ret, t_call, self._bs))
+        else:
+            self._drop(self._t_ret - self._t_call, t_call - self._t_ret, 0, None)
+        self._step += 1
+        try:
+            batch = next(self._it)
+        except BaseException as exc:
+            self._open = False  # the step was recorded above
+            self.__class__ = WatchedIterator
+            self._failed(exc, t_call)
+            raise
+        self._t_call = t_call
+        self._t_ret = _now()
+        return batch
+
+
+class FastGpuWatchedIterator(WatchedIterator):
+    """The fast path of a run that uses CUDA: the steps between two measured ones (hooks/cuda.py
+    measures one in `every`). One countdown more than FastWatchedIterator; when it runs out,
+    the step goes to the full path, which records the events."""
+
+    __slots__ = ()
+
+    def __next__(self):
+        gpu = self._gpu
+        countdown = gpu._countdown - 1
+        if countdown <= 0:  # this step is measured: the full path (begin() draws the next gap)
+            self.__class__ = WatchedIterator
+            return WatchedIterator.__next__(self)
+        gpu._countdown = countdown
         t_call = _now()
         buffer = self._buffer
         if len(buffer) < self._capacity:

@@ -34,6 +34,7 @@ class HookSettings:
     stall_min_s: float = 10.0
     stall_median_factor: float = 20.0
     quiet: bool = False
+    gpu_event_every: int = 4      # CUDA events on one step in this many, on average (hooks/cuda.py)
     sidecar: bool = True          # system sampling in a separate process (see hooks/delivery/sidecar.py)
 
     @classmethod
@@ -57,5 +58,6 @@ class HookSettings:
             gpu_interval_s=float(os.environ.get("STARVEWATCH_GPU_INTERVAL_S", 1.0)),
             worker_memory_interval_s=float(os.environ.get("STARVEWATCH_WORKER_MEMORY_INTERVAL_S", 5.0)),
             stall_min_s=float(os.environ.get("STARVEWATCH_STALL_MIN_S", 10.0)),
+            gpu_event_every=int(os.environ.get("STARVEWATCH_GPU_EVENT_EVERY", 4)),
             stall_median_factor=float(os.environ.get("STARVEWATCH_STALL_FACTOR", 20.0)),
         )

@@ -112,11 +112,14 @@ class Shipper(threading.Thread):
 
     # ---- one cycle ------------------------------------------------------------------------
     def _take(self, n: int) -> list[tuple]:
-        popleft = self.session.buffer.popleft
-        try:
-            return [popleft() for _ in range(n)]
-        except IndexError:  # pragma: no cover - only this thread pops
-            return []
+        """The oldest `n` records, all at once: two C-level calls (~2 ns a record against ~35
+        for popping one by one), each atomic under the GIL; the training thread only appends
+        at the end meanwhile, so the front stays what was sliced. Taken once per cycle, so
+        the `del` moves only what was appended since (never a big backlog once per chunk)."""
+        buffer = self.session.buffer
+        records = buffer[:n]
+        del buffer[:len(records)]
+        return records
 
     def _resolve_gpu(self, records: list[tuple], final: bool) -> list[tuple]:
         """Replace event tokens by GPU idle ns. A record whose events are still pending is held
@@ -164,22 +167,29 @@ class Shipper(threading.Thread):
         limit = session.settings.max_batch_records
         deadline = time.monotonic() + session.settings.flush_timeout_s if final else None
         extra = session.drain_events()
-        left = len(session.buffer)
+        backlog = self._take(len(session.buffer))
+        left, start = len(backlog), 0
         sent = False
-        while True:
-            n = min(pipeline.chunk, left)
-            left -= n
-            records = self._take(n)
-            if self._pending_gpu or (records and session.gpu_timer_if_any() is not None):
-                records = self._resolve_gpu(records, final and left <= 0)
-            if records:
-                pipeline.add(records, [state.name for state in session.loader_list])
-            if pipeline.pending() and (pipeline.pending() >= limit or left <= 0):
-                self._send(extra, final and left <= 0, deadline)
-                extra, sent = {}, True
-            if left <= 0:
-                break
-            time.sleep(0)  # the training thread runs between chunks
+        try:
+            while True:
+                n = min(pipeline.chunk, left)
+                left -= n
+                records = backlog[start:start + n]
+                start += n
+                if self._pending_gpu or (records and session.gpu_timer_if_any() is not None):
+                    records = self._resolve_gpu(records, final and left <= 0)
+                if records:
+                    pipeline.add(records, [state.name for state in session.loader_list])
+                if pipeline.pending() and (pipeline.pending() >= limit or left <= 0):
+                    self._send(extra, final and left <= 0, deadline)
+                    extra, sent = {}, True
+                if left <= 0:
+                    break
+                time.sleep(0)  # the training thread runs between chunks
+        except BaseException:
+            # Chunks not handed to the pipeline go back to the front, for the next cycle.
+            session.buffer[0:0] = backlog[start:]
+            raise
         heartbeat_due = time.monotonic() - self._last_sent >= HEARTBEAT_S
         if not sent and (extra or final or not self._meta_sent or heartbeat_due):
             self._send(extra, final, deadline)

@@ -252,8 +252,11 @@ def main() -> int:
     # training process's threads first (a monitor thread that waits for a core holds up the
     # training thread at the next GIL hand-off). nice 10 still leaves it ~10% of a busy core,
     # ample for its ~1%.
+    # The training process lowered this one at spawn (sidecar_link.lower_priority); if that
+    # failed, do it now.
     try:
-        os.nice(10)
+        if os.getpriority(os.PRIO_PROCESS, 0) < min(19, os.getpriority(os.PRIO_PROCESS, os.getppid()) + 10):
+            os.nice(10)
     except OSError:
         pass
     stdin = sys.stdin.buffer

@@ -1,0 +1,59 @@
+"""Instructions per batch of the fast loop, per thread (valgrind callgrind, --separate-threads).
+
+    python benchmarks/instructions_per_thread.py 5000 [bare] [watched] [list]
+
+bare / watched: DataLoader(TensorDataset, batch_size=1, num_workers=0), step `b[0] + 1`;
+list: watch(list(range(n))) with an empty body (our own per-item code alone). Prints, per
+thread (01: the training thread; the others: the monitor's threads), instructions per batch.
+Counted around the loop only (and the shipper's work on its records); the monitor's timers are
+stretched STRETCH (60) times, like the loop under valgrind. KEEP=1 copies the callgrind files to
+/tmp/i20/ for callgrind_annotate. The study that used it: docs/performance.md. ~8 min each.
+"""
+import gc, json, os, re, subprocess, sys, tempfile, time, glob
+from pathlib import Path
+def ctl(on): subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())], capture_output=True, check=True)
+def child(mode, n, step):
+    import torch; torch.set_num_threads(1)
+    from torch.utils.data import DataLoader, TensorDataset
+    import starvewatch
+    data = TensorDataset(torch.randn(n, 8))
+    for b in DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=1): b[0] + 1
+    if mode == "list":
+        loader = list(range(n))
+    else:
+        loader = DataLoader(data, batch_size=1, num_workers=0)
+    session = None
+    if mode in ("watched", "list"):
+        session = starvewatch.init("cg"); loader = starvewatch.watch(loader)
+    gc.collect(); ctl(True); t = time.perf_counter()
+    if mode == "list":
+        for b in loader: pass
+    else:
+        for b in loader: b[0] + 1
+    el = time.perf_counter() - t
+    if session is not None:
+        session.shipper._wake.set()
+        while session.shipper.shipped_records < n: time.sleep(0.05)
+    ctl(False)
+    if session is not None: starvewatch.finish(quiet=True)
+    print(json.dumps({"loop_s": el}))
+def counted(mode, n, env):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cg.out"
+        p = subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes", f"--callgrind-out-file={out}", sys.executable, __file__, "--child", mode, str(n)], capture_output=True, text=True, env=env)
+        if p.returncode: raise SystemExit(p.stderr[-3000:])
+        per = {}
+        for f in sorted(glob.glob(str(out) + "*")):
+            m = re.search(r"^totals: (\d+)", open(f).read(), re.M)
+            if m: per[f.rsplit("-", 1)[-1]] = int(m.group(1))
+        if os.environ.get("KEEP"): subprocess.run(["cp"] + glob.glob(str(out) + "*") + ["/tmp/i20/"])
+        return per, json.loads(p.stdout.strip().splitlines()[-1])["loop_s"]
+if __name__ == "__main__":
+    if sys.argv[1] == "--child": child(sys.argv[2], int(sys.argv[3]), None); sys.exit()
+    n = int(sys.argv[1]); modes = sys.argv[2:] or ["bare", "watched"]
+    env = dict(os.environ, PYTHONHASHSEED="0", STARVEWATCH_URL="off", STARVEWATCH_AUTOSTART="0", STARVEWATCH_QUIET="1", STARVEWATCH_DIR="/tmp/i20/swcg")
+    stretch = float(os.environ.get("STRETCH", "60"))
+    for k, d in (("SHIP", 0.5), ("HOST", 0.5), ("GPU", 1.0)): env[f"STARVEWATCH_{k}_INTERVAL_S"] = str(d * stretch)
+    for m in modes:
+        per, s = counted(m, n, env)
+        print(m, {k: round(v / n) for k, v in per.items()}, "total/batch", round(sum(per.values()) / n), "loop_s", round(s, 2), flush=True)
