@@ -37,3 +37,20 @@ def test_no_link_when_the_collector_does_not_answer():
     run = {"id": "x-1", "name": "x", "started_at": "2026-01-01T00:00:00Z"}
     assert previous_run(f"http://127.0.0.1:{free_port()}", None, run, timeout_s=1.0) is None
     assert time.monotonic() - started < 5
+
+
+def test_report_names_advice_without_a_parameter_and_protective_advice_as_such():
+    from starvewatch.hooks.report import format_report
+    summary = {"run": {"name": "r", "id": "r-1"}, "loaders": [],
+               "verdict": {"input_bound": "high", "input_wait_fraction": 0.4},
+               "recommendations": [
+                   {"loader": "train", "parameter": None, "suggested": "lighter_batches", "current": None,
+                    "expected_speedup": 1.08, "reason": "the main process rebuilds batches"},
+                   {"loader": "train", "parameter": "prefetch_factor", "suggested": 2, "current": 8,
+                    "expected_speedup": None, "kind": "protective", "risk": "a Bus error when /dev/shm fills",
+                    "reason": "memory allows 2"}]}
+    lines = format_report(summary).splitlines()
+    assert "  -> train: lighter batches (expected 1.08x): the main process rebuilds batches" in lines
+    assert ("  -> train: prefetch_factor=2 (now 8) (protective: no speed-up; a Bus error when /dev/shm fills): "
+            "memory allows 2") in lines
+    assert not any("None=" in line for line in lines)

@@ -20,8 +20,12 @@ def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: st
         lines.append(f"  up to {verdict['speedup_at_stake']:.2f}x faster if the GPU never waited for data")
     for rec in summary.get("recommendations", [])[:3]:
         gain = f" (expected {rec['expected_speedup']:.2f}x)" if rec.get("expected_speedup") else ""
-        lines.append(f"  -> {rec['loader']}: {rec['parameter']}={rec['suggested']!r} "
-                     f"(now {rec['current']!r}){gain}: {rec['reason']}")
+        if rec.get("kind") == "protective":
+            gain = " (protective: no speed-up" + (f"; {rec['risk']})" if rec.get("risk") else ")")
+        # Advice that is not a DataLoader argument (lighter batches, GPU transforms) has no parameter.
+        what = (f"{rec['parameter']}={rec['suggested']!r} (now {rec['current']!r})" if rec.get("parameter")
+                else str(rec["suggested"]).replace("_", " "))
+        lines.append(f"  -> {rec['loader']}: {what}{gain}: {rec['reason']}")
     from ..monitor.findings import finding_line, stall_where
     for stall in summary.get("stalls", [])[:3]:
         where = stall_where(stall)
