@@ -270,3 +270,19 @@ def _shut_down(inner) -> None:
         _remove_worker_pids(id(inner))
         inner._worker_pids_set = False
     inner._shutdown_workers()
+
+
+def test_shm_estimate_blames_only_loaders_whose_batches_matter():
+    from starvewatch.monitor.findings import shm_findings
+    mib = 2**20
+    events = [{"loader": name, "workers": [{"id": 0, "batch_bytes": size}]}
+              for name, size in (("tiny", 4096), ("big", 20 * mib))]
+    configs = {"tiny": {"num_workers": 2, "prefetch_factor": 2}, "big": {"num_workers": 2, "prefetch_factor": 2}}
+    # /dev/shm full of other processes' files (150 MiB used at peak, 80 of them this loader's):
+    full = shm_findings(events, configs, {"shm_total_bytes": 64 * mib, "shm_used_max_bytes": 150 * mib})
+    assert [(f["loader"], f["severity"], f["detail"]["shm_available_bytes"]) for f in full] == [("big", "critical", 0)]
+    assert "smaller batches" in full[0]["fix"]
+    # Plenty of room: nothing; 80 MiB of 128 MiB: a warning with settings that fit (0.8 x 128 / 20 = 5 slots).
+    assert shm_findings(events, configs, {"shm_total_bytes": 1024 * mib, "shm_used_max_bytes": 0}) == []
+    [warn] = shm_findings(events, configs, {"shm_total_bytes": 128 * mib, "shm_used_max_bytes": 0})
+    assert warn["severity"] == "warning" and "num_workers=2, prefetch_factor=2" in warn["fix"]
