@@ -188,24 +188,31 @@ class BigBatches(Dataset):
         return torch.zeros(6 * 2**18, dtype=torch.float32)
 
 
+class SmallBatches(BigBatches):
+    def __getitem__(self, i: int):
+        return torch.zeros(256)  # 1 KiB
+
+
 def test_dev_shm_too_small_for_the_batches_in_flight_is_foreseen(monkeypatch):
     """Item 4: batch bytes sampled in the workers x prefetch_factor x num_workers against a
     (simulated, container-sized) /dev/shm with 64 MiB left: 24 MiB x 2 x 2 = 96 MiB cannot
-    fit; single samples (6 MiB x 2 x 2 = 24 MiB) do."""
+    fit; 4 KiB batches do."""
     import shutil
     monkeypatch.setenv("STARVEWATCH_SHM_LIMIT_BYTES", str(shutil.disk_usage("/dev/shm").used + 64 * 2**20))
     big = starvewatch.watch(DataLoader(BigBatches(), batch_size=4, num_workers=2,
                                        multiprocessing_context="fork"), name="big")
-    small = starvewatch.watch(DataLoader(BigBatches(), batch_size=None, num_workers=2,
-                                         sampler=range(2), multiprocessing_context="fork"), name="small")
+    small = starvewatch.watch(DataLoader(SmallBatches(), batch_size=4, num_workers=2,
+                                         multiprocessing_context="fork"), name="small")
     for _ in range(2):  # two epochs: the sampler reads the workers' rows while they live
-        assert sum(1 for _ in big) == 4 and sum(1 for _ in small) == 2
+        assert sum(1 for _ in big) == 4 and sum(1 for _ in small) == 4
     summary = starvewatch.finish()
     shm = [f for f in summary["findings"] if f["kind"] == "shm_risk"]
     assert [f["loader"] for f in shm] == ["big"], shm
     [finding] = shm
     assert finding["detail"]["batch_bytes"] == 24 * 2**20
-    assert finding["detail"]["shm_needed_bytes"] == 96 * 2**20 and finding["severity"] == "critical"
+    # Critical on its own; other processes on this shared machine use /dev/shm too, and
+    # freeing theirs meanwhile may leave it a warning.
+    assert finding["detail"]["shm_needed_bytes"] == 96 * 2**20 and finding["severity"] in ("critical", "warning")
     assert "Bus error" in finding["title"] and "--shm-size=121m" in finding["fix"]
 
 
@@ -232,20 +239,50 @@ def test_a_worker_killed_by_sigbus_is_named_with_the_fix(tmp_path):
                                           multiprocessing_context="fork"), name="bus")
     session = current_session()
     iterator = iter(loader)  # kept, as a crashing script's traceback keeps it: not reaped yet
-    # torch says "killed by signal: Bus error" or, when it reaped the worker first, "exited
-    # unexpectedly": either way the exit code says SIGBUS.
-    with pytest.raises(RuntimeError, match="Bus error|exited unexpectedly"):
-        next(iterator)
-        # The sidecar knows the workers' pids (their states are read) before one dies.
-        wait_until(lambda: any(w.get("state") in ("sleeping", "running") for s in session.samplers
-                               for k, e in list(s.history) if k == "workers" for w in e["workers"]),
-                   timeout_s=30, what="the workers sampled")
-        gate.touch()
-        for _ in iterator:
-            pass
-    summary = starvewatch.finish()  # its last reading sees the dead worker
+    try:
+        # torch says "killed by signal: Bus error", or "exited unexpectedly" when it reaped
+        # the worker first, or the worker's pipe breaks first: the exit code says SIGBUS.
+        with pytest.raises((RuntimeError, ConnectionResetError)):
+            next(iterator)
+            # The sidecar knows the workers' pids (their states are read) before one dies.
+            wait_until(lambda: any(w.get("state") in ("sleeping", "running") for s in session.samplers
+                                   for k, e in list(s.history) if k == "workers" for w in e["workers"]),
+                       timeout_s=30, what="the workers sampled")
+            gate.touch()
+            for _ in iterator:
+                pass
+        summary = starvewatch.finish()  # its last reading sees the dead worker
+    finally:
+        _shut_down(iterator._it)
     [finding] = [f for f in summary["findings"] if f["kind"] == "sigbus"]
     assert finding["loader"] == "bus" and finding["severity"] == "critical"
     assert "SIGBUS" in finding["title"] and "shm-size" in finding["fix"]
     assert len(finding["detail"]["worker_pids"]) == 1
-    del iterator
+
+
+def _shut_down(inner) -> None:
+    """torch's SIGCHLD handler raises for a failed worker at every child's exit until its
+    pids are removed: removed first, so no later test gets this one's error."""
+    if inner is None:
+        return
+    from torch.utils.data._utils.signal_handling import _remove_worker_pids
+    if getattr(inner, "_worker_pids_set", False):
+        _remove_worker_pids(id(inner))
+        inner._worker_pids_set = False
+    inner._shutdown_workers()
+
+
+def test_shm_estimate_blames_only_loaders_whose_batches_matter():
+    from starvewatch.monitor.findings import shm_findings
+    mib = 2**20
+    events = [{"loader": name, "workers": [{"id": 0, "batch_bytes": size}]}
+              for name, size in (("tiny", 4096), ("big", 20 * mib))]
+    configs = {"tiny": {"num_workers": 2, "prefetch_factor": 2}, "big": {"num_workers": 2, "prefetch_factor": 2}}
+    # /dev/shm full of other processes' files (150 MiB used at peak, 80 of them this loader's):
+    full = shm_findings(events, configs, {"shm_total_bytes": 64 * mib, "shm_used_max_bytes": 150 * mib})
+    assert [(f["loader"], f["severity"], f["detail"]["shm_available_bytes"]) for f in full] == [("big", "critical", 0)]
+    assert "smaller batches" in full[0]["fix"]
+    # Plenty of room: nothing; 80 MiB of 128 MiB: a warning with settings that fit (0.8 x 128 / 20 = 5 slots).
+    assert shm_findings(events, configs, {"shm_total_bytes": 1024 * mib, "shm_used_max_bytes": 0}) == []
+    [warn] = shm_findings(events, configs, {"shm_total_bytes": 128 * mib, "shm_used_max_bytes": 0})
+    assert warn["severity"] == "warning" and "num_workers=2, prefetch_factor=2" in warn["fix"]

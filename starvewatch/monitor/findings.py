@@ -150,8 +150,9 @@ def shm_findings(worker_events: list[dict], configs: dict[str, dict | None],
         # Our own batches in flight are part of the peak use: what else holds /dev/shm is
         # the peak use minus them (at least nothing).
         others = max(0, (used or 0) - need)
-        room = total - others
-        if workers <= 0 or need <= 0.5 * room:
+        room = max(0, total - others)
+        # A loader whose batches are a sliver of /dev/shm is not what fills it (others are).
+        if workers <= 0 or need <= 0.5 * room or need < 0.01 * total:
             continue
         slots = int(0.8 * room // per_batch)
         if slots >= workers:
