@@ -37,7 +37,7 @@ def offline_runs(isolated_starvewatch, monkeypatch):
             return torch.zeros(2)
 
     ids = []
-    for workers in (0, 2):
+    for workers in (0, 1):
         starvewatch.init("cli-run")
         for _ in starvewatch.watch(DataLoader(Slow(), batch_size=4, num_workers=workers)):
             time.sleep(0.004)
@@ -107,11 +107,12 @@ def test_compare_shows_deltas_and_the_verdict(offline_runs):
     assert out.returncode == 0, out.stderr
     assert "batches/s" in out.stdout and "num_workers=" in out.stdout
     assert "| train | input wait |" in out.stdout
-    # The first run (8 ms of loading against 4 ms of compute) was told num_workers=3 or more;
-    # the second used 2, so the suggestion was not applied, whatever its speed-up.
+    # The first run (8 ms of loading against 4 ms of compute) was told num_workers=3 (2 when a
+    # saturated host caps it at the cores); the second used 1, so the suggestion was not
+    # applied, whatever its speed-up.
     row = next(line for line in out.stdout.splitlines() if line.startswith("| train | num_workers="))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert int(cells[1].split("=")[1]) >= 3, row
+    assert int(cells[1].split("=")[1]) >= 2, row
     assert cells[2] == "no" and cells[5] == "not_applied", row
 
 

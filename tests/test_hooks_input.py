@@ -35,19 +35,20 @@ def test_a_hostile_run_id_from_the_environment_stays_inside_the_spool(isolated_s
 
 
 @pytest.mark.parametrize("sidecar", ["1", "0"])
-def test_a_spool_that_cannot_be_written_is_said_once_on_the_console(isolated_starvewatch, monkeypatch, caplog,
+def test_a_spool_that_cannot_be_written_is_said_once_on_the_console(isolated_starvewatch, monkeypatch, capfd,
                                                                     sidecar):
     monkeypatch.setenv("STARVEWATCH_SIDECAR", sidecar)
     monkeypatch.setenv("STARVEWATCH_RUN_ID", "blocked-run")
     monkeypatch.setenv("STARVEWATCH_SHIP_INTERVAL_S", "0.05")
+    monkeypatch.setenv("STARVEWATCH_QUIET", "0")
     blocker = isolated_starvewatch / "spool" / "blocked-run"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("a file where the run's spool directory would go")
-    with caplog.at_level(logging.WARNING, logger="starvewatch"):
-        for _ in starvewatch.watch(range(200)):
-            time.sleep(0.003)  # a training step: 0.6 s of training, about a dozen shipping cycles
-        starvewatch.finish()
-    # Through the sidecar, its warning travels up the pipe; in-process, the shipper says it.
-    expected = "a batch could not be delivered or spooled" if sidecar == "1" else "shipping records failed"
-    said = [r.getMessage() for r in caplog.records if r.name.startswith("starvewatch")]
-    assert len(said) == 1 and expected in said[0] and "Not a directory" in said[0], said
+    for _ in starvewatch.watch(range(200)):
+        time.sleep(0.003)  # a training step: 0.6 s of training, about a dozen shipping cycles
+    summary = starvewatch.finish(quiet=True)
+    # Through the sidecar (its stderr is the training console) or in-process: one line, and
+    # every record counted as dropped for that reason.
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("starvewatch:")]
+    assert len(said) == 1 and "cannot write the spool" in said[0] and "Not a directory" in said[0], said
+    assert summary["delivery"]["dropped"] == {"spool_error": 200}, summary["delivery"]

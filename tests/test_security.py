@@ -8,6 +8,8 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from tests.conftest import wait_until
+
 TOKEN = "s3cret-token-for-the-walk"
 
 
@@ -37,6 +39,16 @@ def batch(run_id, seq=1, name="sec-run"):
 
 
 JSON = {"Content-Type": "application/json"}
+# The smallest `starvewatch tune` result the collector stores (POST /api/v1/runs/{run_id}/tuning).
+_CONFIG = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False, "pin_memory": False}
+TUNING = {"schema": "starvewatch.tuning/1", "created_at": "2026-11-23T12:00:00Z", "host": "box", "cores": 2,
+          "loader": "train", "budget_s": 10, "elapsed_s": 9.0, "consumption_batches_per_s": None,
+          "consumption_margin": 1.2,
+          "trials": [{"config": _CONFIG, "label": "num_workers=2", "status": "measured", "batches_per_s": 50.0,
+                      "samples_per_s": 200.0, "worker_uss_bytes": None, "cpu_pct": 20.0}],
+          "answer": {"config": _CONFIG, "label": "num_workers=2", "batches_per_s": 50.0, "epoch_batches_per_s": 50.0,
+                     "rule": "the fewest workers within 10% of the best",
+                     "snippet": "DataLoader(dataset, num_workers=2)", "worker_uss_bytes": None}}
 
 
 def test_without_a_token_only_loopback_hosts_and_same_origin_writes_are_served(collector):
@@ -55,6 +67,9 @@ def test_without_a_token_only_loopback_hosts_and_same_origin_writes_are_served(c
     assert c.get("/api/v1/runs")["runs"] == []
     assert call(c, "POST", "/api/v1/ingest", {**JSON, "Origin": f"http://127.0.0.1:{c.port}"}, batch("kept"))[0] == 200
     assert call(c, "DELETE", "/api/v1/runs/kept", {"Origin": "http://evil.example"})[0] == 403
+    # The run list is cached for up to 0.25 s while data changes: wait for it, then it must hold
+    # exactly the one run written from the same origin (the refused delete removed nothing).
+    wait_until(lambda: c.get("/api/v1/runs")["runs"], timeout_s=10, what="the run list to show the new run")
     assert [r["id"] for r in c.get("/api/v1/runs")["runs"]] == ["kept"]
     # CORS stays closed: no Access-Control-Allow-* header, even to a preflight.
     status, headers, _ = call(c, "GET", "/api/v1/runs", {"Origin": "http://evil.example"})
@@ -101,6 +116,8 @@ def _api_endpoints(c, run_id):
             concrete = path.replace("{run_id}", run_id).replace("{kind}", "samples")
             assert "{" not in concrete, path  # a new path parameter: teach this walk its value
             payload = batch(run_id, seq=2) if path == "/api/v1/ingest" else None
+            if path == "/api/v1/runs/{run_id}/tuning" and method == "post":
+                payload = json.dumps(TUNING).encode()
             out.append((method.upper(), concrete, payload))
     out += [("GET", "/api/openapi.json", None), ("GET", "/api/docs", None)]
     # Deleting goes last: it removes the run the other routes read.

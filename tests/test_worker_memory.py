@@ -185,11 +185,13 @@ class BigBatches(Dataset):
         return 16
 
     def __getitem__(self, i: int):
+        time.sleep(0.02)  # an epoch lasts long enough for the sampler to read the workers' rows
         return torch.zeros(6 * 2**18, dtype=torch.float32)
 
 
 class SmallBatches(BigBatches):
     def __getitem__(self, i: int):
+        time.sleep(0.02)
         return torch.zeros(256)  # 1 KiB
 
 
@@ -199,6 +201,7 @@ def test_dev_shm_too_small_for_the_batches_in_flight_is_foreseen(monkeypatch):
     fit; 4 KiB batches do."""
     import shutil
     monkeypatch.setenv("STARVEWATCH_SHM_LIMIT_BYTES", str(shutil.disk_usage("/dev/shm").used + 64 * 2**20))
+    monkeypatch.setenv("STARVEWATCH_HOST_INTERVAL_S", "0.1")
     big = starvewatch.watch(DataLoader(BigBatches(), batch_size=4, num_workers=2,
                                        multiprocessing_context="fork"), name="big")
     small = starvewatch.watch(DataLoader(SmallBatches(), batch_size=4, num_workers=2,

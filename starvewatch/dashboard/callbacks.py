@@ -119,6 +119,7 @@ def register(app, get_query) -> None:
 
     @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
     async def show_page(pathname, search):
+        pathname, search = _text(pathname), _text(search)  # a request can carry any JSON value
         runs = await run_in_threadpool(get_query().list_runs) if (pathname or "").rstrip("/") == "/compare" else None
         return route(pathname, search, runs)
 
@@ -141,7 +142,7 @@ def register(app, get_query) -> None:
     async def refresh_run(_tick, loader, run_id):
         loader, run_id = _text(loader), _text(run_id)
         if run_id is None:
-            return (html.H2("No run selected"),) + (no_update,) * 12
+            return (html.H2("No run selected"),) + (no_update,) * (len(OUTPUTS) - 1)
         view = await run_in_threadpool(run_view, get_query(), run_id, loader)
         if view["missing"]:
             return (html.H2(f"Unknown run {run_id}"),) + (no_update,) * (len(OUTPUTS) - 1)
@@ -150,6 +151,7 @@ def register(app, get_query) -> None:
     @app.callback(Output("compare-a", "options"), Output("compare-b", "options"), Input("tick", "data"),
                   State("compare-a", "value"), State("compare-b", "value"))
     async def compare_options(_tick, a, b):
+        a, b = _text(a), _text(b)
         runs = await run_in_threadpool(get_query().list_runs)
         options = run_options(runs, a, b)
         return options, options
@@ -157,7 +159,7 @@ def register(app, get_query) -> None:
     @app.callback(Output("compare-url", "search"), Input("compare-a", "value"), Input("compare-b", "value"),
                   prevent_initial_call=True)
     def remember_pair(a, b):
-        return compare_search(a, b)
+        return compare_search(_text(a), _text(b))
 
     @app.callback(Output("compare-result", "children"), Input("compare-a", "value"), Input("compare-b", "value"))
     async def compare(a, b):

@@ -57,6 +57,8 @@ def panel(tuning: dict | None) -> list:
 def register(app, get_query) -> None:
     @app.callback(Output(CONTAINER_ID, "children"), Input("tick", "data"), State("run-id", "data"))
     async def refresh_tuning(_tick, run_id):
+        if not isinstance(run_id, str):  # a request can carry any JSON value
+            return []
         try:
             tuning = await run_in_threadpool(get_query().tuning, run_id)
         except NotFound:
