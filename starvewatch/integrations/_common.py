@@ -48,33 +48,17 @@ def watch_current(loader, iterator, name: str):
     return starvewatch.watch(iterator, name)
 
 
-class StepMark:
-    """`starvewatch.step(name)` entered and left from two different framework hooks."""
+class Mark:
+    """`starvewatch.step(name)` or `starvewatch.phase(name)` (the `timer` given) entered and left
+    from two different framework hooks; starting a mark ends the one in progress."""
 
-    def __init__(self) -> None:
+    def __init__(self, timer) -> None:
+        self._make = timer
         self._timer = None
 
     def start(self, name: str) -> None:
         self.stop()
-        self._timer = starvewatch.step(name)
-        self._timer.__enter__()
-
-    def stop(self) -> None:
-        timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.__exit__(None, None, None)
-
-
-class PhaseMark:
-    """`starvewatch.phase(name)` entered and left from two different framework hooks; starting
-    a phase ends the one in progress."""
-
-    def __init__(self) -> None:
-        self._timer = None
-
-    def start(self, name: str) -> None:
-        self.stop()
-        self._timer = starvewatch.phase(name)
+        self._timer = self._make(name)
         self._timer.__enter__()
 
     def stop(self) -> None:

@@ -22,7 +22,7 @@ import functools
 
 import starvewatch
 
-from ._common import StepMark, require, set_rank_env
+from ._common import Mark, require, set_rank_env
 
 _transformers = require("transformers", "hf", "starvewatch.integrations.huggingface")
 
@@ -34,7 +34,7 @@ class StarvewatchCallback(_transformers.TrainerCallback):
         self.name = name
         self.url = url
         self.summary: dict | None = None
-        self._step = StepMark()
+        self._step = Mark(starvewatch.step)
 
     def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
         set_rank_env(getattr(args, "process_index", None), getattr(args, "world_size", None),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import starvewatch
 
-from ._common import PhaseMark, StepMark, loader_name, require, set_rank_env, watch_current
+from ._common import Mark, loader_name, require, set_rank_env, watch_current
 
 
 def _lightning():
@@ -56,8 +56,8 @@ class StarvewatchCallback(_pl.Callback):
         self.name = name
         self.url = url
         self.summary: dict | None = None
-        self._step = StepMark()
-        self._phase = PhaseMark()
+        self._step = Mark(starvewatch.step)
+        self._phase = Mark(starvewatch.phase)
 
     # ---- the run -------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
