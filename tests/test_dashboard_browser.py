@@ -182,8 +182,17 @@ def test_run_page_answers_first_and_links_to_its_comparison(collector, browser, 
     evidence = page.inner_text("#evidence-table")
     assert re.search(r"load per batch\s+[\d.]+ ms", evidence) and re.search(r"cores\s+\d+", evidence)
     assert "num_workers" in page.inner_text("#config-train tr.sw-changed")
-    top = page.locator("#answer").bounding_box()["y"]
-    assert top < page.locator("#timeline-graph").bounding_box()["y"]  # the answer before the charts
+    # Both positions in one read of the page, so no redraw can fall between them.
+    answer_y, timeline_y = page.evaluate(
+        "['#answer', '#timeline-graph'].map(s => document.querySelector(s).getBoundingClientRect().top)")
+    assert answer_y < timeline_y  # the answer before the charts
+    # The finished run is not redrawn by the next ticks: the same answer element stays in the page.
+    page.evaluate("document.querySelector('#answer').dataset.mark = 'drawn once'")
+    for _ in range(2):
+        with page.expect_response(lambda r: "_dash-update-component" in r.url
+                                  and "run-view-digest" in (r.request.post_data or ""), timeout=15_000):
+            pass
+    assert page.evaluate("document.querySelector('#answer').dataset.mark") == "drawn once"
     assert page.locator("#workers-panel").count() == 0  # num_workers=0: no worker panel
 
     # The copy button puts exactly the DataLoader line on the clipboard.

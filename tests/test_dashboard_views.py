@@ -47,6 +47,27 @@ def test_run_view_has_kpis_figures_and_recommendations(tmp_path):
     store.close()
 
 
+def test_an_unchanged_run_is_not_redrawn_and_new_steps_are(tmp_path, monkeypatch):
+    monkeypatch.setattr("starvewatch.monitor.query.MAX_STALENESS_S", 0.0)  # new steps show at once
+    store, query = _query(tmp_path, n=300, wait_ns=30_000_000, compute_ns=10_000_000)
+    first = callbacks.refresh_run_outputs(query, "run-a", None, None)
+    assert len(first) == len(callbacks.OUTPUTS) + 1 and isinstance(first[-1], str)
+    assert "num_workers=" in _text(first[callbacks.OUTPUTS.index("recommendations")])
+    # The next tick finds the same view: nothing goes to the browser, so nothing is redrawn.
+    again = callbacks.refresh_run_outputs(query, "run-a", None, first[-1])
+    assert all(o is callbacks.no_update for o in again)
+    # New steps arrive: the page is drawn again, under a new digest.
+    store.ingest(EventBatch.model_validate_json(orjson.dumps(
+        batch(seq=2, step0=300, n=100, wait_ns=30_000_000, compute_ns=10_000_000))))
+    later = callbacks.refresh_run_outputs(query, "run-a", None, first[-1])
+    assert isinstance(later[-1], str) and later[-1] != first[-1]
+    assert later[callbacks.OUTPUTS.index("timeline")] is not callbacks.no_update
+    # Another loader choice is another view, even with no new data.
+    assert callbacks.refresh_run_outputs(query, "run-a", "train", later[-1])[-1] is callbacks.no_update
+    assert callbacks.refresh_run_outputs(query, "nope", None, later[-1])[0] is not callbacks.no_update
+    store.close()
+
+
 def test_runs_table_searches_and_sorts():
     runs = [{"id": "a-1", "name": "alpha", "status": "live", "started_at": "2026-01-01T00:00:00Z",
              "duration_s": 5, "verdict": "high", "input_wait_fraction": 0.5, "batches_per_s": 10},

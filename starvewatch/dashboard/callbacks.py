@@ -1,9 +1,12 @@
 """Callbacks, registered by a function; each reads through the monitor's query layer."""
 from __future__ import annotations
 
+import hashlib
+import json
 from urllib.parse import parse_qs, quote, unquote, urlencode
 
 from dash import Input, Output, State, dcc, html, no_update
+from plotly.utils import PlotlyJSONEncoder
 from starlette.concurrency import run_in_threadpool
 
 from ..monitor import figures
@@ -112,6 +115,28 @@ OUTPUTS = ("title", "banner", "recommendations", "advice", "kpis", "loader_optio
            "fraction", "system", "histogram", "compute_histogram", "workers", "ranks", "config")
 
 
+def view_digest(view: dict) -> str:
+    """A fingerprint of everything the run page shows. A finished run's page then stops being
+    redrawn every second: the user's text selection, scroll and open hover labels stay put."""
+    encoded = json.dumps([view[k] for k in OUTPUTS], cls=PlotlyJSONEncoder, sort_keys=True)
+    return hashlib.blake2b(encoded.encode(), digest_size=16).hexdigest()
+
+
+def refresh_run_outputs(query, run_id: str | None, loader: str | None, drawn) -> tuple:
+    """The run page's outputs in OUTPUTS order, then the digest; all no_update when the page
+    already shows this view."""
+    unchanged = (no_update,) * (len(OUTPUTS) + 1)
+    if run_id is None:
+        return (html.H2("No run selected"),) + unchanged[1:]
+    view = run_view(query, run_id, loader)
+    if view["missing"]:
+        return (html.H2(f"Unknown run {run_id}"),) + unchanged[1:]
+    digest = view_digest(view)
+    if digest == drawn:
+        return unchanged
+    return tuple(view[k] for k in OUTPUTS) + (digest,)
+
+
 def register(app, get_query) -> None:
     """Callbacks are async and do their SQL in the thread pool: the collector's event loop keeps
     serving ingest and the API while a page is being built."""
@@ -138,15 +163,11 @@ def register(app, get_query) -> None:
         Output("timeline-graph", "figure"), Output("fraction-graph", "figure"), Output("system-graph", "figure"),
         Output("histogram-graph", "figure"), Output("compute-histogram-graph", "figure"),
         Output("workers", "children"), Output("ranks", "children"), Output("config", "children"),
-        Input("tick", "data"), Input("loader-select", "value"), State("run-id", "data"))
-    async def refresh_run(_tick, loader, run_id):
-        loader, run_id = _text(loader), _text(run_id)
-        if run_id is None:
-            return (html.H2("No run selected"),) + (no_update,) * (len(OUTPUTS) - 1)
-        view = await run_in_threadpool(run_view, get_query(), run_id, loader)
-        if view["missing"]:
-            return (html.H2(f"Unknown run {run_id}"),) + (no_update,) * (len(OUTPUTS) - 1)
-        return tuple(view[k] for k in OUTPUTS)
+        Output("run-view-digest", "data"),
+        Input("tick", "data"), Input("loader-select", "value"), State("run-id", "data"),
+        State("run-view-digest", "data"))
+    async def refresh_run(_tick, loader, run_id, drawn):
+        return await run_in_threadpool(refresh_run_outputs, get_query(), _text(run_id), _text(loader), drawn)
 
     @app.callback(Output("compare-a", "options"), Output("compare-b", "options"), Input("tick", "data"),
                   State("compare-a", "value"), State("compare-b", "value"))

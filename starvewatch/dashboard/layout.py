@@ -44,6 +44,7 @@ def run_page(run_id: str) -> html.Div:
         className="sw-exports")
     return html.Div([
         dcc.Store(id="run-id", data=run_id),
+        dcc.Store(id="run-view-digest"),  # what the page last drew: an unchanged tick redraws nothing
         html.Div(id="run-title"),
         html.Div(id="stall-banner-container"),
         html.Div(id="recommendations"),
