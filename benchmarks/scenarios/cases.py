@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from torch.utils.data import BatchSampler, Dataset, SequentialSampler
+from torch.utils.data import BatchSampler, Dataset, IterableDataset, SequentialSampler
 
 
 def spin(cpu_seconds: float) -> None:
@@ -79,6 +79,52 @@ class _Packed:
         return _rebuilt, (self.tensor, self.cpu_s)
 
 
+class HangsOnce(Items):
+    """`Items` whose item `hang_at` blocks for `hang_s` (a stuck read, a lock): a hung worker."""
+
+    def __init__(self, n, hang_at, hang_s, **kwargs):
+        super().__init__(n, **kwargs)
+        self.hang_at, self.hang_s = hang_at, hang_s
+
+    def __getitem__(self, i):
+        if i == self.hang_at:
+            stuck_on_a_read(self.hang_s)
+        return super().__getitem__(i)
+
+
+def stuck_on_a_read(seconds: float) -> None:
+    time.sleep(seconds)  # the frame the stall's stack must name
+
+
+class PythonRows(Items):
+    """`Items` whose samples each read a fresh chunk of a big list of Python lists: under fork,
+    every read copies the pages of those objects into the worker (copy-on-read)."""
+
+    ROWS, CHUNK = 600_000, 1500
+
+    def __init__(self, n, **kwargs):
+        super().__init__(n, **kwargs)
+        self.rows = [[float(i)] for i in range(self.ROWS)]
+        self.calls = 0
+
+    def __getitem__(self, i):
+        start = (self.calls * self.CHUNK) % self.ROWS
+        self.calls += 1
+        total = sum(row[0] for row in self.rows[start:start + self.CHUNK])  # writes each refcount
+        return super().__getitem__(i) + total
+
+
+class NotSharded(IterableDataset):
+    """An IterableDataset that forgets get_worker_info(): every worker yields every sample."""
+
+    def __init__(self, n, size=4):
+        self.n, self.size = n, size
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield torch.full((self.size,), float(i))
+
+
 def slow_worker_start(worker_id):
     time.sleep(0.25)  # opening a dataset file, connecting to storage...
 
@@ -111,6 +157,7 @@ class Scenario:
     expect_top: tuple | None       # (loader, parameter, low, high) or (loader, None, "advice"); None: healthy
     expect_protective: tuple | None = None  # (loader, parameter, low, high): protective advice that must be there
     simulated: str | None = None   # what the scenario simulates (GPU, /dev/shm limit), if anything
+    expect_finding: tuple | None = None  # (loader, kind): a finding that must be there ("stall": a named hang)
     env: Callable[[], dict] = field(default=lambda: {})
 
 
@@ -195,4 +242,21 @@ SCENARIOS = [
              1, "high", "input_bound_io", ("train", "num_workers", 2, 4),
              expect_protective=("train", "pin_memory", True, True),
              simulated="GPU (NVML stand-in)", env=lambda: {"STARVEWATCH_TEST_FAKE_NVML": "self"}),
+    # Findings no step timing shows (issue 16): each must be named, with its evidence.
+    # A one-off hang is a burst: a deeper queue absorbs part of it (the stall finding is the point).
+    Scenario("hung_worker", "stall", "one item blocks for 2 s in a worker: the stall names it with its stack",
+             {"train": LoaderSpec(lambda: HangsOnce(800, hang_at=404, hang_s=2.0, sleep_s=0.0005),
+                                  {"batch_size": 8, "num_workers": 2, "persistent_workers": True}, 0.03)},
+             1, "high", "input_bound_io", ("train", "prefetch_factor", 4, 16), expect_finding=("train", "stall"),
+             env=lambda: {"STARVEWATCH_STALL_MIN_S": "0.5"}),
+    Scenario("worker_memory_growth", "worker_memory_growth",
+             "workers read a 600k-item Python list: copy-on-read after fork grows them per sample",
+             {"train": LoaderSpec(lambda: PythonRows(160, sleep_s=0.01),
+                                  {"batch_size": 4, "num_workers": 2, "persistent_workers": True,
+                                   "multiprocessing_context": "fork"}, 0.08)},
+             3, "not", "compute_bound", None, expect_finding=("train", "worker_memory_growth"),
+             env=lambda: {"STARVEWATCH_WORKER_MEMORY_INTERVAL_S": "0.3"}),
+    Scenario("duplicated_shards", "duplicated_shards", "an IterableDataset not sharded by worker, 2 workers",
+             {"train": LoaderSpec(lambda: NotSharded(384), {"batch_size": 8, "num_workers": 2}, 0.06)},
+             1, "not", "compute_bound", None, expect_finding=("train", "duplicated_shards")),
 ]

@@ -4,7 +4,7 @@
 
 Per scenario (benchmarks/scenarios/cases.py), against expectations written down beforehand:
 - the verdict band, the limiting factor, and the top recommendation's loader, parameter and
-  value range (and the protective advice the scenario must get, if any);
+  value range (and the protective advice and the finding the scenario must get, if any);
 - every recommended configuration constructs a DataLoader;
 - each speed-up recommendation applied alone, and each loader's full set (the engine's plan),
   is measured (best of 3 runs each, alternating with 3 runs of the scenario as is) and must be
@@ -135,6 +135,19 @@ def _protective_ok(scenario, recs) -> bool | None:
                and _in_range(r["suggested"], want[2], want[3]) for r in recs)
 
 
+def _finding_ok(scenario, summary) -> bool | None:
+    """The finding the scenario must produce; a stall must name the worker and its stack."""
+    want = scenario.expect_finding
+    if want is None:
+        return None
+    loader, kind = want
+    if kind == "stall":
+        return any(s.get("loader") == loader and s.get("stack") and (s.get("worker") is not None
+                                                                     or s.get("stack_of") == "main")
+                   for s in summary["stalls"])
+    return any(f["loader"] == loader and f["kind"] == kind for f in summary["findings"])
+
+
 def _constructs(scenario, summary) -> bool:
     """Every recommended configuration builds a DataLoader (with the scenario's batching)."""
     from starvewatch.monitor.diagnosis import applied_config
@@ -208,9 +221,9 @@ def run_scenario(scenario) -> dict:
     checks = {"verdict": got["verdict"] == scenario.expect_verdict,
               "limiting_factor": got["limiting_factor"] == scenario.expect_factor,
               "top": _top_ok(scenario, top), "constructs": _constructs(scenario, summary)}
-    protective = _protective_ok(scenario, recs)
-    if protective is not None:
-        checks["protective"] = protective
+    for check, result in (("protective", _protective_ok(scenario, recs)), ("finding", _finding_ok(scenario, summary))):
+        if result is not None:
+            checks[check] = result
     base_s = first  # the diagnosed run; each measurement below alternates more runs of both
     measurements = []
     speedups = [r for r in recs if r["kind"] == "speedup"]
@@ -231,7 +244,10 @@ def run_scenario(scenario) -> dict:
     return {"name": scenario.name, "rule": scenario.rule, "description": scenario.description,
             "simulated": scenario.simulated, "ok": all(checks.values()), "checks": checks,
             "expected": {"verdict": scenario.expect_verdict, "limiting_factor": scenario.expect_factor,
-                         "top": scenario.expect_top, "protective": scenario.expect_protective},
+                         "top": scenario.expect_top, "protective": scenario.expect_protective,
+                         "finding": scenario.expect_finding},
+            "findings": [f["title"] for f in summary["findings"]]
+            + [f"stall on {s.get('loader')}: worker {s.get('worker')}" for s in summary["stalls"] if s.get("stack")],
             "got": got, "recommendations": [{k: r.get(k) for k in ("loader", "parameter", "current", "suggested",
                                                                   "kind", "expected_speedup")} for r in recs],
             "measurements": measurements, "seconds_as_is": {k: round(v, 3) for k, v in base_s.items()}}

@@ -21,7 +21,8 @@ def _psutil():
         return None
 
 
-from .worker_checks import exit_signal, reaped_signal, shard_check
+from ..shards import compare_readers, trimmed
+from .worker_checks import exit_signal, reaped_signal
 
 
 class HostSampler:
@@ -125,6 +126,7 @@ class LoaderWatch:
     def __init__(self, state) -> None:
         self.state = state
         self.previous: list[dict] | None = None
+        self.sent_hashes: list[list[int]] | None = None
 
     def sample(self, process_state, memory: dict | None = None) -> dict | None:
         """`process_state(pid)`: that worker's state dict, or None when not known (yet);
@@ -170,9 +172,15 @@ class LoaderWatch:
                  else sum(1 for w in workers if w["state"] in ("running", "sleeping")))
         # An IterableDataset's loader samples with torch's _InfiniteConstantSampler.
         iterable = config.get("sampler") == "_InfiniteConstantSampler"
-        shards = shard_check(board.hashes()) if iterable and len(rows) >= 2 else None
+        hashes = [trimmed(h) for h in board.hashes()] if iterable else []
+        shards = compare_readers(hashes) if len(hashes) >= 2 else None
+        # The collector compares ranks with these; sent again only when a worker hashed more.
+        fresh = hashes if any(hashes) and hashes != self.sent_hashes else None
+        if fresh:
+            self.sent_hashes = hashes
         return {"t_ns": time.time_ns(), "loader": self.state.name, "workers": workers,
                 **({"shard_check": shards} if shards else {}),
+                **({"shard_hashes": fresh} if fresh else {}),
                 "configured_workers": config.get("num_workers"), "alive_workers": alive,
                 "queue_depth": depth, "queue_capacity": capacity or None,
                 "persistent_workers": config.get("persistent_workers")}

@@ -1,6 +1,6 @@
 """Checks on DataLoader workers the samplers run once per tick (cheap: no syscalls except
-/proc reads of dead workers): how a worker died, whether IterableDataset workers read the
-same shard. Kept apart from samplers.py so that module stays about sampling."""
+/proc reads of dead workers): how a worker died. Kept apart from samplers.py so that module
+stays about sampling; whether IterableDataset workers read the same shard is starvewatch.shards."""
 from __future__ import annotations
 
 
@@ -36,25 +36,3 @@ def reaped_signal(inner, worker_id: int, pid: int) -> dict:
         return {"exit_signal": signal.Signals(-code).name}
     except ValueError:
         return {"exit_signal": str(-code)}
-
-
-def shard_check(hashes: list[list[int]]) -> dict | None:
-    """Workers of an IterableDataset that yield the same batches at the same positions read
-    the same shard. Positions hashed by at least two workers are compared; a repeat at a
-    position by chance (values drawn from a few prototypes) is rare, a missing shard makes
-    every position repeat. None before 4 positions are comparable."""
-    compared = repeated = 0
-    reads: list[int] = []
-    for position in range(len(hashes[0])):
-        values = [h[position] for h in hashes if h[position]]
-        if len(values) < 2:
-            continue
-        compared += 1
-        most = max(values.count(v) for v in set(values))
-        if most > 1:
-            repeated += 1
-            reads.append(most)
-    if compared < 4:
-        return None
-    return {"compared_batches": compared, "repeated_batches": repeated,
-            "reads_per_batch": max(reads) if reads else 1, "workers": len(hashes)}
