@@ -1,6 +1,6 @@
 """Dashboard performance: a 1M-step run page, and ingest under 10 polling clients.
 
-    python benchmarks/dashboard.py [--steps 1000000]
+    python benchmarks/dashboard.py [--steps 1000000] [--seconds 10] [--quick] [--out PATH]
 
 1. Seeds a store directly with a run of --steps steps, starts the collector on it, and opens
    the run page in headless Chromium: time until the KPIs and the step timeline are drawn
@@ -8,6 +8,8 @@
 2. Runs the ingest producer of benchmarks/ingest.py while 10 clients poll the run page's data
    (summary, step series, rollup series, samples, workers) once a second: records/s ingested
    (target: the collector's 100,000 records/s).
+Figures also go to benchmarks/results/dashboard.json; --quick (20,000 steps, 3 s of ingest) is a
+smoke run, marked "quick" there.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import results_io  # noqa: E402
 from benchmarks.ingest import PRODUCER, running_collector  # noqa: E402
 
 
@@ -72,19 +75,31 @@ def page_time(url: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1_000_000)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--steps", type=int, default=None, help="steps of the seeded run (1,000,000; 20,000 with --quick)")
+    parser.add_argument("--seconds", type=float, default=None, help="ingest under polling (10 s; 3 s with --quick)")
+    parser.add_argument("--quick", action="store_true", help="a small run and 3 s of ingest, for a smoke run")
+    parser.add_argument("--out", type=Path, default=results_io.RESULTS / "dashboard.json")
     args = parser.parse_args()
+    if args.steps is None:
+        args.steps = 20_000 if args.quick else 1_000_000
+    if args.seconds is None:
+        args.seconds = 3.0 if args.quick else 10.0
+    record = results_io.started(args, quick=args.quick or args.steps < 1_000_000 or args.seconds < 10.0)
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         run_id = seed(Path(tmp) / "starvewatch.db", args.steps)
-        print(f"seeded {args.steps:,} steps in {time.perf_counter() - t0:.1f} s")
+        record["seed"] = {"steps": args.steps, "seconds": time.perf_counter() - t0}
+        print(f"seeded {args.steps:,} steps in {record['seed']['seconds']:.1f} s")
         with running_collector(tmp) as (url, env):
+            record["api_ms"] = {}
             for path in ("summary", "steps/series?loader=train&points=1000", "series?points=300"):
                 t = time.perf_counter()
                 urllib.request.urlopen(f"{url}/api/v1/runs/{run_id}/{path}", timeout=60).read()
-                print(f"  GET {path}: {1000 * (time.perf_counter() - t):.0f} ms")
-            print(f"run page of a {args.steps:,}-step run interactive in {page_time(f'{url}/runs/{run_id}'):.2f} s "
+                record["api_ms"][path] = 1000 * (time.perf_counter() - t)
+                print(f"  GET {path}: {record['api_ms'][path]:.0f} ms")
+            page_s = page_time(f"{url}/runs/{run_id}")
+            record["page"] = {"steps": args.steps, "seconds": page_s, "target_s": 2.0}
+            print(f"run page of a {args.steps:,}-step run interactive in {page_s:.2f} s "
                   f"(target <= 2 s; best of 3, Dash bundles cached)")
 
             stop = threading.Event()
@@ -109,9 +124,13 @@ def main() -> None:
             for th in threads:
                 th.join(30)
             result = json.loads(out.stdout)
+            rate = result["records"] / result["seconds"]
+            record["polled_ingest"] = {"clients": len(threads), "records": result["records"],
+                                       "seconds": result["seconds"], "records_per_s": rate, "polls": polls[0],
+                                       "target_records_per_s": 100_000}
             print(f"ingest with 10 clients polling the run page's data: "
-                  f"{result['records'] / result['seconds']:,.0f} records/s ({polls[0]} polls served; "
-                  f"target >= 100,000)")
+                  f"{rate:,.0f} records/s ({polls[0]} polls served; target >= 100,000)")
+    results_io.write(record, args.out)
 
 
 if __name__ == "__main__":

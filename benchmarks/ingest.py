@@ -1,6 +1,6 @@
 """Collector ingest: sustained step records/s over HTTP, and record-to-summary delay.
 
-    python benchmarks/ingest.py [--seconds 10]
+    python benchmarks/ingest.py [--seconds 10] [--quick] [--out PATH]
 
 Starts a real collector (uvicorn subprocess, SQLite in a temporary directory). Then:
 1. a separate producer process posts gzip JSON batches of 20,000 step records as fast as the
@@ -8,6 +8,8 @@ Starts a real collector (uvicorn subprocess, SQLite in a temporary directory). T
 2. a real watched training loop (another process, the real hooks and HTTP transport) runs
    ~2,000 steps/s while this process polls the summary API: p95 delay from a step ending to it
    being counted in the summary (target <= 1.5 s).
+Figures also go to benchmarks/results/ingest.json; --quick (3 s each) is a smoke run, marked
+"quick" there.
 """
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import results_io  # noqa: E402
 
 PRODUCER = r"""
 import sys, time, json
@@ -100,9 +105,14 @@ def running_collector(directory: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=None, help="each part's length (10 s; 3 s with --quick)")
     parser.add_argument("--batch", type=int, default=20_000)
+    parser.add_argument("--quick", action="store_true", help="3 s each, for a smoke run")
+    parser.add_argument("--out", type=Path, default=results_io.RESULTS / "ingest.json")
     args = parser.parse_args()
+    if args.seconds is None:
+        args.seconds = 3.0 if args.quick else 10.0
+    record = results_io.started(args, quick=args.quick or args.seconds < 10.0)
     with tempfile.TemporaryDirectory() as tmp, running_collector(tmp) as (url, env):
         out = subprocess.run([sys.executable, "-c", PRODUCER, url, str(args.seconds), str(args.batch)],
                              env=env, capture_output=True, text=True, check=True)
@@ -110,6 +120,8 @@ def main() -> None:
         rate = result["records"] / result["seconds"]
         print(f"ingest: {result['records']:,} records in {result['seconds']:.1f} s -> "
               f"{rate:,.0f} records/s sustained (target >= 100,000)")
+        record["ingest"] = {"records": result["records"], "seconds": result["seconds"], "records_per_s": rate,
+                            "target_records_per_s": 100_000}
 
         loop = subprocess.Popen([sys.executable, "-c", LOOP, str(args.seconds)],
                                 env=dict(env, STARVEWATCH_URL=url, STARVEWATCH_RUN_NAME="latency"),
@@ -140,10 +152,17 @@ def main() -> None:
                 break  # counted only after the loop ended: not a live measurement
             delays.append((polls[poll_index][0] - end_ns) / 1e9)
         delays.sort()
-        p95 = delays[int(0.95 * (len(delays) - 1))] if delays else float("nan")
+        p95 = delays[int(0.95 * (len(delays) - 1))] if delays else None
+        p50 = delays[len(delays) // 2] if delays else None
         print(f"delay from a step ending to the summary API counting it: p50 "
-              f"{delays[len(delays) // 2]:.2f} s, p95 {p95:.2f} s over {len(delays):,} steps "
+              f"{_seconds(p50)}, p95 {_seconds(p95)} over {len(delays):,} steps "
               f"(target <= 1.5 s; includes the 0.5 s ship interval and the 50 ms poll)")
+        record["delay"] = {"steps": len(delays), "p50_s": p50, "p95_s": p95, "target_p95_s": 1.5}
+    results_io.write(record, args.out)
+
+
+def _seconds(value: float | None) -> str:
+    return "none (no step counted while the loop ran)" if value is None else f"{value:.2f} s"
 
 
 if __name__ == "__main__":

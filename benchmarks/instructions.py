@@ -1,6 +1,6 @@
 """Instructions that `watch()` adds to a DataLoader loop, counted by valgrind (callgrind).
 
-    python benchmarks/instructions.py [--batches 2000]
+    python benchmarks/instructions.py [--batches 2000] [--quick] [--out PATH]
 
 The wall-time slowdown of benchmarks/overhead.py cannot resolve 1% on a shared VM (single
 0.1 s segments of the same loop vary by +-10%). An instruction count does not depend on what
@@ -14,7 +14,9 @@ loop runs ~60x slower, so the monitor's timers (sampling, shipping) are stretche
 factor, measured from the bare run, to fire as often per batch as they do natively. Not
 counted: the sidecar process (untraced; it runs on another core), and what instructions do
 not show (cache misses, the GIL hand-offs that overhead.py's wall-time figures include).
-Needs valgrind (Debian: apt-get install valgrind); takes about 3 minutes.
+Needs valgrind (Debian: apt-get install valgrind); takes about 3 minutes. Figures also go to
+benchmarks/results/instructions.json; --quick (200 batches) is a smoke run, marked "quick" there
+(most of the time is Python and torch starting under valgrind, which --quick does not shorten).
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import results_io  # noqa: E402
 
 
 def _callgrind(on: bool) -> None:
@@ -100,14 +105,20 @@ def counted(mode: str, batches: int, env: dict) -> tuple[int, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, default=2000)
+    parser.add_argument("--batches", type=int, default=None, help="batches per loop (2,000; 200 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="200 batches, for a smoke run")
+    parser.add_argument("--out", type=Path, default=results_io.RESULTS / "instructions.json")
     parser.add_argument("--child", choices=("bare", "watched"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.batches is None:
+        args.batches = 200 if args.quick else 2000
     if args.child:
         child(args.child, args.batches)
         return
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
         raise SystemExit("needs valgrind: apt-get install valgrind")
+    args_recorded = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "child"})
+    record = results_io.started(args_recorded, quick=args.quick or args.batches < 2000)
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, PYTHONHASHSEED="0", STARVEWATCH_URL="off", STARVEWATCH_AUTOSTART="0",
                    STARVEWATCH_QUIET="1", STARVEWATCH_DIR=tmp)
@@ -122,6 +133,11 @@ def main() -> None:
           f"callgrind ({stretch:.0f}x slower than native; the monitor's timers stretched alike): "
           f"{per_bare:,.0f} instructions per batch bare, {per_watched:,.0f} watched -> "
           f"{per_watched - per_bare:+,.0f} per batch, {100 * (per_watched / per_bare - 1):+.2f}% (target <= 1%)")
+    record.update({"batches": args.batches, "native_loop_s": native_s, "stretch": stretch,
+                   "bare_per_batch": per_bare, "watched_per_batch": per_watched,
+                   "added_per_batch": per_watched - per_bare, "added_pct": 100 * (per_watched / per_bare - 1),
+                   "target_pct": 1.0})
+    results_io.write(record, args.out)
 
 
 if __name__ == "__main__":

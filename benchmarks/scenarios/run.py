@@ -284,13 +284,8 @@ def markdown(report: dict) -> str:
 
 
 def _write_readme(table: str) -> None:
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} section")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{table}{END}{tail}")
+    from benchmarks.results_io import write_readme_section
+    write_readme_section(BEGIN, END, table, ROOT / "README.md")
 
 
 def main() -> int:

@@ -1,0 +1,229 @@
+"""The README's overhead table, written from the results files in benchmarks/results/.
+
+    python -m benchmarks.readme_table [--results DIR] [--readme PATH] [--check]
+
+Reads overhead.json, instructions.json, sampler.json, ingest.json, dashboard.json and soak.json
+(each written by the benchmark of the same name) and writes one row per figure, | what |
+measured | target | command |, between <!-- overhead:begin --> and <!-- overhead:end --> in
+README.md. A figure that misses its target is marked "(not met)" here, from the figure; a file
+(or a part of one) that is missing reads "not measured"; a file from a shortened run (`--quick`,
+or soak.py shorter than 600 s) reads "(quick run)". A line under the table says when, on how
+many CPUs and under what load (1-minute average at the start and at the end) each was measured.
+--check writes nothing and exits 1 when the README's table differs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.results_io import README, RESULTS, replace_section  # noqa: E402
+
+BEGIN, END = "<!-- overhead:begin -->", "<!-- overhead:end -->"
+FILES = ("overhead", "instructions", "sampler", "ingest", "dashboard", "soak")
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Row:
+    what: str
+    file: str  # benchmarks/results/<file>.json
+    part: str | None  # the key of its figures in that file (missing: "not measured"); None: top level
+    target: str
+    figure: Callable[[dict], str]  # the measured cell, from the part (or the whole file: whole=True)
+    met: Callable[[dict], bool] | None = None  # None: no target to judge against
+    whole: bool = False
+
+
+def _cmd(file: str) -> str:
+    return f"`python benchmarks/{file}.py`"
+
+
+def _cuda(c: dict) -> str:
+    by_every = {r["every"]: r for r in c["rows"]}
+    default = by_every.get(4, c["rows"][0])
+    text = f"**+{default['added_ns'] / 1000:.1f} µs** + {default['event_records_per_batch']:.1f} driver calls"
+    if 1 in by_every and default is not by_every[1]:
+        text += (f" (every step: +{by_every[1]['added_ns'] / 1000:.1f} µs + "
+                 f"{by_every[1]['event_records_per_batch']:.0f})")
+    return text + ("; CPU stand-in" if c["device"] == "stand-in" else f"; {c['device']}")
+
+
+def _pause(p: dict) -> str:
+    text = f"**{p['ms']:.1f} ms** watched"
+    return text + (f" vs {p['bare_ms']:.1f} ms bare" if p.get("bare_ms") is not None else "")
+
+
+def _soak(s: dict) -> str:
+    page = s["page_s"]
+    text = (f"**{s['records_run']:,} records, {s['records_lost']:,} lost, {s['records_doubled']:,} doubled**; "
+            f"page p50 {page['p50']:.2f} s, slowest {page['max']:.2f} s")
+    return text + (f", {len(page['errors'])} errors" if page.get("errors") else "")
+
+
+def _soak_met(s: dict) -> bool:
+    page = s["page_s"]
+    return s["records_lost"] == 0 and s["records_doubled"] == 0 and page["max"] <= 2.0 and not page.get("errors")
+
+
+def _rss(s: dict) -> str:
+    mem, t = s["rss"]["collector_bytes"], s["rss"]["t_s"]
+    return (f"{mem[0] / MIB:.0f} → {mem[-1] / MIB:.0f} MiB at {t[-1] / 60:.0f} min "
+            f"(max {max(mem) / MIB:.0f} MiB; {s['records_run'] / 1e6:.0f}M step rows)")
+
+
+def _delay(d: dict) -> str:
+    if d["p95_s"] is None:
+        return "**no step counted while the loop ran**"
+    return f"**{d['p95_s']:.2f} s** (p50 {d['p50_s']:.2f} s)"
+
+
+ROWS = (
+    Row("`watch()` cost per batch (bare loop over a list)", "overhead", "plain_iterator", "≤ 1,000 ns",
+        lambda r: f"**{r['added_ns']:,.0f} ns** (training thread's CPU {r['thread_cpu_added_ns']:,.0f} ns)",
+        lambda r: r["added_ns"] <= 1000),
+    Row("what `watch()` adds to a `DataLoader` loop (instructions)", "instructions", None, "≤ 1%",
+        lambda r: f"**{r['added_pct']:+.2f}%** ({r['added_per_batch']:+,.0f} of {r['bare_per_batch']:,.0f} per batch)",
+        lambda r: r["added_pct"] <= 1.0),
+    Row("`DataLoader(TensorDataset, batch_size=1)`, step `b[0] + 1`: what `watch()` adds", "overhead",
+        "fast_dataloader", "≤ +1%",
+        lambda r: f"**{r['added_pct']:+.1f}%** wall; training thread's CPU {r['thread_cpu_added_pct']:+.1f}%",
+        lambda r: r["added_pct"] <= 1.0),
+    Row("same loader + a tiny `nn.Linear` train step", "overhead", "train_step", "≤ +1%",
+        lambda r: f"**{r['added_pct']:+.1f}%** wall; training thread's CPU {r['thread_cpu_added_pct']:+.1f}%",
+        lambda r: r["added_pct"] <= 1.0),
+    Row("from `watch()` to the first batch, over bare", "overhead", "startup", "≤ 50 ms",
+        lambda r: f"**+{r['added_ms']:.1f} ms** (median of {r['repeats']} fresh processes)",
+        lambda r: r["added_ms"] <= 50.0),
+    Row("CUDA-event path per batch (events on 1 step in 4 by default)", "overhead", "cuda_path", "—", _cuda),
+    Row("p99 step time, 1 ms steps", "overhead", "p99", "≤ +5%",
+        lambda r: f"**{r['added_pct']:+.1f}%** ({r['watched_ms']:.3f} vs {r['bare_ms']:.3f} ms)",
+        lambda r: r["added_pct"] <= 5.0),
+    Row("longest time the training thread was held up (1 ms-step loop)", "overhead", "pause", "≤ 10 ms", _pause,
+        lambda r: r["ms"] <= 10.0),
+    Row("system sampling (thread / sidecar process)", "sampler", None, "< 1%",
+        lambda r: f"**{r['thread_pct']:.2f}% / {r['sidecar_pct']:.2f}%** of a core",
+        lambda r: r["thread_pct"] < 1.0 and r["sidecar_pct"] < 1.0),
+    Row("collector ingest over HTTP", "ingest", "ingest", "≥ 100,000",
+        lambda r: f"**{r['records_per_s']:,.0f} records/s**", lambda r: r["records_per_s"] >= 100_000),
+    Row("record produced to counted by the API, p95", "ingest", "delay", "≤ 1.5 s", _delay,
+        lambda r: r["p95_s"] is not None and r["p95_s"] <= 1.5),
+    Row("run page of a 1M-step run interactive", "dashboard", "page", "≤ 2 s",
+        lambda r: f"**{r['seconds']:.1f} s** (best of 3)", lambda r: r["seconds"] <= 2.0),
+    Row("ingest while 10 clients poll a run page", "dashboard", "polled_ingest", "≥ 100,000",
+        lambda r: f"**{r['records_per_s']:,.0f} records/s**", lambda r: r["records_per_s"] >= 100_000),
+    Row("soak, 600 s: 2 trainings + 30 clients at 10x a 100 steps/s job", "soak", None, "0 lost; page ≤ 2 s",
+        _soak, _soak_met),
+    Row("collector RSS over that soak", "soak", "rss", "bounded", _rss, whole=True),
+)
+
+
+def load(results: Path) -> dict[str, dict | None]:
+    """Each results file's contents, None for a missing one."""
+    out = {}
+    for name in FILES:
+        path = results / f"{name}.json"
+        out[name] = json.loads(path.read_text()) if path.exists() else None
+    return out
+
+
+def is_quick(name: str, data: dict) -> bool:
+    if data.get("quick"):
+        return True
+    if name == "soak":  # soak.py has no --quick: a run shorter than the README's 600 s is one
+        return float(data.get("args", {}).get("seconds", 600.0)) < 600.0
+    return False
+
+
+def cell(row: Row, data: dict | None) -> tuple[str, str]:
+    """(measured, target) cells of `row` for its results file's contents."""
+    if data is None or (row.part is not None and row.part not in data):
+        return "not measured", row.target
+    part = data if row.part is None or row.whole else data[row.part]
+    measured = row.figure(part)
+    if is_quick(row.file, data):
+        measured += " (quick run)"
+    target = row.target
+    if row.met is not None and not row.met(part):
+        target += " (**not met**)"
+    return measured, target
+
+
+def _when(name: str, data: dict, results: Path) -> str:
+    date = data.get("measured_at") or data.get("date")
+    if date:
+        return "measured " + str(date)[:10]
+    committed = _commit_date(results / f"{name}.json")
+    return f"committed {committed}" if committed else "date not recorded"
+
+
+def _commit_date(path: Path) -> str | None:
+    """The date of the commit that last changed `path`, when the file is as committed; else None."""
+    try:
+        git = ["git", "-C", str(path.parent)]
+        if subprocess.run(git + ["diff", "--quiet", "HEAD", "--", path.name], capture_output=True).returncode:
+            return None
+        out = subprocess.run(git + ["log", "-1", "--format=%cs", "--", path.name], capture_output=True, text=True)
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+def _load_text(data: dict) -> str:
+    loads = [la[0] for la in (data.get("load_average"), data.get("load_average_end")) if la]
+    if not loads:
+        return "load not recorded"
+    low, high = min(loads), max(loads)
+    return f"load {low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"load {low:.1f}–{high:.1f}"
+
+
+def footnote(files: dict[str, dict | None], results: Path) -> str:
+    parts, missing = [], []
+    for name in FILES:
+        data = files[name]
+        if data is None:
+            missing.append(f"`{name}.json`")
+            continue
+        cpus = f" on {data['cpu_count']} CPUs" if data.get("cpu_count") else ""
+        quick = ", quick run" if is_quick(name, data) else ""
+        parts.append(f"`{name}.json` {_when(name, data, results)}, {_load_text(data)}{cpus}{quick}")
+    if missing:
+        parts.append("not measured: " + ", ".join(missing))
+    return "From `benchmarks/results/`: " + "; ".join(parts) + "."
+
+
+def table(results: Path = RESULTS) -> str:
+    files = load(results)
+    lines = ["| what | measured | target | command |", "|---|---|---|---|"]
+    for row in ROWS:
+        measured, target = cell(row, files[row.file])
+        lines.append(f"| {row.what} | {measured} | {target} | {_cmd(row.file)} |")
+    return "\n".join(lines) + "\n\n" + footnote(files, results) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--readme", type=Path, default=README)
+    parser.add_argument("--check", action="store_true", help="exit 1 when the README's table is not up to date")
+    args = parser.parse_args(argv)
+    text = args.readme.read_text()
+    updated = replace_section(text, BEGIN, END, table(args.results))
+    if args.check:
+        if updated != text:
+            print(f"{args.readme}: the overhead table differs from {args.results}; "
+                  "run python -m benchmarks.readme_table", file=sys.stderr)
+            return 1
+        return 0
+    args.readme.write_text(updated)
+    print(table(args.results), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

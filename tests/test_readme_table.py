@@ -1,0 +1,120 @@
+"""benchmarks/readme_table.py: the README's overhead table from fabricated results files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import readme_table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _write(results: Path, name: str, data: dict) -> None:
+    results.mkdir(exist_ok=True)
+    (results / f"{name}.json").write_text(json.dumps(data))
+
+
+def _rows(text: str) -> dict[str, list[str]]:
+    """what -> [measured, target, command] of each table row."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 4 and cells[0] != "what":
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    """overhead.json with a met target, an unmet one and a missing part; a quick sampler.json;
+    a short soak with a lost record; no instructions, ingest or dashboard file."""
+    out = tmp_path / "results"
+    _write(out, "overhead", {
+        "measured_at": "2026-11-20T10:00:00Z", "cpu_count": 2, "quick": False,
+        "load_average": [0.4, 0.3, 0.2], "load_average_end": [1.2, 0.5, 0.3],
+        "plain_iterator": {"added_ns": 812.4, "thread_cpu_added_ns": 700.0},
+        "fast_dataloader": {"added_pct": 3.25, "thread_cpu_added_pct": 0.5, "repeats": 12},
+        "pause": {"ms": 12.0, "bare_ms": 4.0},
+    })
+    _write(out, "sampler", {"measured_at": "2026-11-21T10:00:00Z", "cpu_count": 16, "quick": True,
+                            "load_average": [2.0, 1.0, 1.0], "load_average_end": [2.04, 1.0, 1.0],
+                            "thread_pct": 0.05, "sidecar_pct": 0.6})
+    _write(out, "soak", {"measured_at": "2026-11-22T10:00:00Z", "args": {"seconds": 5.0},
+                         "records_run": 1000, "records_lost": 1, "records_doubled": 0,
+                         "page_s": {"p50": 0.1, "max": 0.5, "errors": []},
+                         "rss": {"t_s": [0.0, 5.0], "collector_bytes": [2**20, 3 * 2**20]}})
+    return out
+
+
+def test_rows_from_fabricated_results(results: Path) -> None:
+    rows = _rows(readme_table.table(results))
+    assert len(rows) == len(readme_table.ROWS)
+
+    plain = rows["`watch()` cost per batch (bare loop over a list)"]
+    assert plain[0].startswith("**812 ns**")
+    assert plain[1] == "≤ 1,000 ns"  # met: no mark
+    assert plain[2] == "`python benchmarks/overhead.py`"
+
+    fast = rows["`DataLoader(TensorDataset, batch_size=1)`, step `b[0] + 1`: what `watch()` adds"]
+    assert fast[0].startswith("**+3.2%** wall")
+    assert fast[1] == "≤ +1% (**not met**)"
+
+    pause = rows["longest time the training thread was held up (1 ms-step loop)"]
+    assert pause[0] == "**12.0 ms** watched vs 4.0 ms bare"
+    assert pause[1] == "≤ 10 ms (**not met**)"
+
+    # a part missing from a file that exists, and whole files missing
+    assert rows["same loader + a tiny `nn.Linear` train step"][0] == "not measured"
+    assert rows["same loader + a tiny `nn.Linear` train step"][1] == "≤ +1%"
+    for what in ("what `watch()` adds to a `DataLoader` loop (instructions)", "collector ingest over HTTP",
+                 "run page of a 1M-step run interactive"):
+        assert rows[what][0] == "not measured"
+
+    sampler = rows["system sampling (thread / sidecar process)"]
+    assert sampler == ["**0.05% / 0.60%** of a core (quick run)", "< 1%", "`python benchmarks/sampler.py`"]
+
+    soak = rows["soak, 600 s: 2 trainings + 30 clients at 10x a 100 steps/s job"]
+    assert soak[0].startswith("**1,000 records, 1 lost, 0 doubled**")
+    assert soak[0].endswith("(quick run)")  # 5 s, not the 600 s the row is for
+    assert soak[1] == "0 lost; page ≤ 2 s (**not met**)"
+    rss = rows["collector RSS over that soak"]
+    assert rss[0].startswith("1 → 3 MiB")
+    assert rss[1] == "bounded"
+
+
+def test_footnote_dates_and_loads(results: Path) -> None:
+    text = readme_table.table(results)
+    note = text.strip().splitlines()[-1]
+    assert "`overhead.json` measured 2026-11-20, load 0.4–1.2 on 2 CPUs;" in note
+    assert "`sampler.json` measured 2026-11-21, load 2.0 on 16 CPUs, quick run;" in note
+    assert "`soak.json` measured 2026-11-22, load not recorded, quick run;" in note
+    assert note.endswith("not measured: `instructions.json`, `ingest.json`, `dashboard.json`.")
+
+
+def test_thresholds_both_ways(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    for added_ns, marked in ((1000.0, False), (1000.5, True)):
+        _write(out, "overhead", {"plain_iterator": {"added_ns": added_ns, "thread_cpu_added_ns": 1.0}})
+        target = _rows(readme_table.table(out))["`watch()` cost per batch (bare loop over a list)"][1]
+        assert target.endswith("(**not met**)") is marked
+
+
+def test_main_writes_between_markers_and_check(results: Path, tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n\n{readme_table.BEGIN}\nold table\n{readme_table.END}\n\nafter\n")
+    assert readme_table.main(["--results", str(results), "--readme", str(readme), "--check"]) == 1
+    assert readme_table.main(["--results", str(results), "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "old table" not in text
+    assert text.startswith("# x\n\nbefore\n\n" + readme_table.BEGIN + "\n| what | measured | target | command |")
+    assert text.endswith(readme_table.END + "\n\nafter\n")
+    assert readme_table.main(["--results", str(results), "--readme", str(readme), "--check"]) == 0
+
+
+def test_repo_readme_has_the_markers() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert text.count(readme_table.BEGIN) == 1 and text.count(readme_table.END) == 1
+    section = text.split("## Overhead and speed, measured", 1)[1].split("\n## ", 1)[0]
+    assert section.index(readme_table.BEGIN) < section.index(readme_table.END)
