@@ -237,5 +237,48 @@ def test_full_buffer_drops_and_counts_but_totals_stay_exact(memory_run):
     summary = starvewatch.finish()
     loader = summary["loaders"][0]
     assert loader["steps"] == 100
-    assert loader["dropped_records"] == 70
-    assert len(shipped_steps(transport)) == 30
+    # Held while nothing drains (at most twice the capacity): step 0's record; a fast-path
+    # segment as long as the buffer's room then (29 steps, 58 clock reads, the last step still
+    # open when it ends); general-path records up to the capacity (28 beside those two).
+    shipped = shipped_steps(transport)
+    assert len(shipped) == 1 + 28 + 28 and loader["dropped_records"] == 100 - len(shipped)
+    assert [r[2] for r in shipped] == list(range(57))  # steps 0..56 kept, in order; later ones dropped
+
+
+def test_fast_path_segments_rotate_and_every_step_arrives_once_in_order(memory_run, monkeypatch):
+    """The fast path appends clock reads to a segment's list; the shipper ends a long segment
+    (the next batch starts a new one), and step() in between moves the loop to the general path
+    and back: every step arrives once, in order, and the durations add up exactly."""
+    from starvewatch.hooks import loader as hot_path
+    from starvewatch.hooks.delivery import shipper as shipper_module
+    session, transport = memory_run
+    session.shipper._stop_requested.set()  # this test runs the cycles itself, at known points
+    session.shipper._wake.set()
+    session.shipper.join(5)
+    monkeypatch.setattr(shipper_module, "SEGMENT_ROTATE_READS", 64)
+    watched = starvewatch.watch(range(5000), name="train")
+    longest, segments, marked = 0, set(), 0
+    for i, _ in enumerate(watched):
+        it = hot_path.ACTIVE[-1]()
+        if it._segment is not None:
+            segments.add(it._segment.base)  # each segment starts at its own step
+            longest = max(longest, len(it._times))
+        if i % 700 == 350:
+            with starvewatch.step():  # the general path for this step, then the fast path again
+                marked += 1
+        if i % 100 == 99:
+            session.shipper.cycle()
+    assert marked == 7 and len(segments) > 40  # rotated about every 64 reads, not one long list
+    assert longest <= 64 + 2 * 100  # at most one cycle's reads past the threshold
+    session.shipper = type(session.shipper)(session, session.shipper.pipeline)  # fresh, not started
+    summary = starvewatch.finish()
+    assert [s for _, _, s in shipped_steps(transport)] == list(range(5000))
+    loader = summary["loaders"][0]
+    assert loader["steps"] == 5000 and loader["dropped_records"] == 0
+    # Each step ends where the next one begins, across segment ends and general-path steps:
+    # start + wait + compute + other of step k is the start of step k + 1 (step 0's wait also
+    # holds the epoch's start-up, before its start).
+    cols = {k: [v for p in transport.payloads if p.get("steps") for v in p["steps"][k]]
+            for k in ("start_ns", "wait_ns", "compute_ns", "other_ns")}
+    ends = [sum(v) for v in zip(cols["start_ns"], cols["wait_ns"], cols["compute_ns"], cols["other_ns"])]
+    assert ends[1:-1] == cols["start_ns"][2:]

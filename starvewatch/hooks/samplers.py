@@ -233,7 +233,7 @@ class StallDetector:
                     snapshot = worker_snapshots.get(name)
                     event = {"loader": name, "rank": self.session.rank,
                              "epoch": it._epoch if it is not None else state.totals.epochs,
-                             "step": it._step if it is not None else 0,
+                             "step": it.current_step() if it is not None else 0,
                              "started_ns": t_call + self.session.wall_offset_ns, "ended_ns": None,
                              "wait_s": wait_ns / 1e9, "threshold_s": threshold_ns / 1e9,
                              "median_wait_ms": median_ns / 1e6 if median_ns else None,

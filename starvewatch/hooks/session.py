@@ -195,6 +195,8 @@ class Session:
     def close_open_steps(self) -> None:
         now = perf_counter_ns()
         for it in list(self.live_iterators):
+            if it._segment is not None:
+                it._leave_fast()  # the step and clocks back from the fast path's reads
             if it._open:
                 it._close_step(now)
             it.__class__ = WatchedIterator  # back to the full path, which sees the closed step

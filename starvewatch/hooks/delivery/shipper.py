@@ -11,7 +11,7 @@ import time
 from ...logonce import RateLimitedLog
 from ...schema import EVENTS_SCHEMA
 from ..cuda import PENDING
-from ..record_layout import R_GPU
+from ..record_layout import R_GPU, Segment
 from .records import RecordBook
 from .transport import TransportError
 
@@ -19,6 +19,10 @@ HEARTBEAT_S = 2.0           # an idle process still says it is alive this often
 GPU_PENDING_LIMIT_S = 30.0  # an event pair never completed by then yields no measurement
 GPU_FINAL_WAIT_S = 1.5      # at finish(), how long queued GPU work may take to drain
 DRIVEN_WAKE_S = 5.0         # while the sampler runs the cycles, this thread checks this often
+# A fast-path segment longer than this (clock reads) is ended at its next batch and a new one
+# started, so no list holds more than about one cycle of a loop's clock reads.
+SEGMENT_ROTATE_READS = 8192
+SEGMENT_TAKE_STEPS = 65536  # records made from a segment per GIL hold
 
 _errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
 
@@ -38,6 +42,7 @@ class Shipper(threading.Thread):
         self.driven_at = 0.0  # the last cycle the sampler thread ran
         self._meta_sent = False
         self._pending_gpu: list[tuple[float, tuple]] = []
+        self._segments: list[Segment] = []  # fast-path segments still running or not all taken
         self.shipped_records = 0
         self.errors: list[str] = []
 
@@ -112,13 +117,37 @@ class Shipper(threading.Thread):
 
     # ---- one cycle ------------------------------------------------------------------------
     def _take(self, n: int) -> list[tuple]:
-        """The oldest `n` records, all at once: two C-level calls (~2 ns a record against ~35
-        for popping one by one), each atomic under the GIL; the training thread only appends
-        at the end meanwhile, so the front stays what was sliced. Taken once per cycle, so
-        the `del` moves only what was appended since (never a big backlog once per chunk)."""
+        """The oldest `n` items of the buffer, all at once: two C-level calls (~2 ns an item
+        against ~35 for popping one by one), each atomic under the GIL; the training thread
+        only appends at the end meanwhile, so the front stays what was sliced. Then the
+        records: fast-path segments (taken before, then in buffer order) turned into fast
+        records, in order with each loader's other records."""
         buffer = self.session.buffer
-        records = buffer[:n]
-        del buffer[:len(records)]
+        items = buffer[:n]
+        del buffer[:len(items)]
+        if not self._segments and not any(type(item) is Segment for item in items):
+            return items
+        records: list[tuple] = []
+        segments, self._segments = self._segments, []
+        for item in segments + [None] + items:
+            if item is None:  # segments from earlier cycles first: older than anything taken now
+                continue
+            if type(item) is not Segment:
+                records.append(item)
+                continue
+            final = item.final  # read before the length: a final segment gets no more reads
+            while True:
+                chunk = item.take(SEGMENT_TAKE_STEPS)
+                records += chunk
+                if len(chunk) < SEGMENT_TAKE_STEPS:
+                    break
+                time.sleep(0)  # the training thread runs between chunks
+            if not final:
+                self._segments.append(item)
+                if len(item.times) > SEGMENT_ROTATE_READS:
+                    owner = item.owner()
+                    if owner is not None:
+                        owner.rotate(item)
         return records
 
     def _resolve_gpu(self, records: list[tuple], final: bool) -> list[tuple]:
