@@ -28,7 +28,10 @@ def expected_worker(inner) -> int | None:
 
 def _indices_in_this_process(thread_id: int) -> list[int] | None:
     """num_workers=0: the indices the training thread's fetcher is loading (its frame's
-    argument), or None when it is not inside a fetch by index."""
+    argument), or None when it is not inside a fetch by index. The one read of another
+    thread's frame locals in the package (CPython 3.11 can crash on those,
+    python/cpython#111363): only once a stall is detected, and only of torch's `fetch` frame,
+    which is suspended in the call to the dataset, never of the innermost running frame."""
     frame = sys._current_frames().get(thread_id)
     while frame is not None:
         if frame.f_code.co_name == "fetch" and "possibly_batched_index" in frame.f_code.co_varnames:

@@ -25,6 +25,11 @@ from .record_layout import FAST_RECORD_LEN, FULL_RECORD_LEN, Segment  # noqa: F4
 # loop that breaks drops its iterator (and its worker processes) at once.
 ACTIVE: list = []
 
+# (loader state, when iter() was called) while iter(loader) runs (worker start-up), innermost
+# last: the stall detector reads it instead of the training thread's frame locals, which
+# another thread cannot read safely (CPython 3.11 can crash: python/cpython#111363).
+STARTING: list = []
+
 
 class WatchedIterator:
     """One epoch of a watched loader: every `iter()` of the loader makes a new one."""
@@ -33,7 +38,8 @@ class WatchedIterator:
                  "_t_call", "_t_ret", "_extra_wait", "_open", "_marked", "_excluded", "_step_ns",
                  "_step_used", "_in_step", "_phases", "_bs", "_first", "_probe_bs", "_startup",
                  "_parent", "_parent_step", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
-                 "_cpu_probe", "_times", "_segment", "_reads_left", "_last_segment", "__weakref__")
+                 "_cpu_probe", "_times", "_segment", "_reads_left", "_last_segment", "_t_wait",
+                 "__weakref__")
 
     def __init__(self, inner, state, t_iter_call: int, t_iter_ret: int) -> None:
         self._it = inner
@@ -65,6 +71,7 @@ class WatchedIterator:
         self._segment = None
         self._reads_left = 0  # how long that list may grow: the buffer's room, in clock reads
         self._last_segment = None  # the one before, until the shipper has taken all of it
+        self._t_wait = 0  # when the general path's next() began, while it runs (else 0)
         parent = ACTIVE[-1]() if ACTIVE else None
         if parent is not None and parent._open:
             self._parent, self._parent_step = parent._wref, parent.current_step()
@@ -92,14 +99,17 @@ class WatchedIterator:
         token = gpu.begin() if gpu is not None else None
         probe = self._cpu_probe  # read once: the sampler thread may arm it meanwhile
         cpu0 = thread_time_ns() if probe else 0
+        self._t_wait = t_call
         try:
             batch = next(it)
         except BaseException as exc:
+            self._t_wait = 0
             if token is not None:
                 gpu.release(token)
             self._failed(exc, t_call)
             raise
         t_ret = _now()
+        self._t_wait = 0
         if probe:
             # Is waiting CPU work (loading on this thread) or idle (sleeps, reads, workers)?
             self._cpu_probe = False
@@ -155,6 +165,15 @@ class WatchedIterator:
         else:  # the last read was a call that did not return (the end, an exception)
             self._open = False
         segment.final = True
+
+    def waiting_since(self) -> int | None:
+        """When the batch being waited for was asked for (perf_counter ns), or None when no
+        next() of this iterator is in progress. Read by the sampler thread."""
+        times = self._times
+        if times is not None:  # the fast path: a call without its return is in progress
+            n = len(times)
+            return times[n - 1] if n % 2 else None
+        return self._t_wait or None
 
     def current_step(self) -> int:
         """The step in progress (or the next one), also while the fast path runs."""
@@ -323,13 +342,16 @@ class FastGpuWatchedIterator(WatchedIterator):
         else:
             self._drop(self._t_ret - self._t_call, t_call - self._t_ret, 0, None)
         self._step += 1
+        self._t_wait = t_call
         try:
             batch = next(self._it)
         except BaseException as exc:
+            self._t_wait = 0
             self._open = False  # the step was recorded above
             self.__class__ = WatchedIterator
             self._failed(exc, t_call)
             raise
+        self._t_wait = 0
         self._t_call = t_call
         self._t_ret = _now()
         return batch
@@ -338,8 +360,19 @@ class FastGpuWatchedIterator(WatchedIterator):
 def start_epoch(state, make_inner):
     state = state.attached()
     t0 = _now()
-    inner = make_inner()
+    starting = (state, t0)
+    STARTING.append(starting)
+    try:
+        inner = make_inner()
+    finally:
+        STARTING.remove(starting)
     return WatchedIterator(inner, state, t0, _now())
+
+
+def next_codes() -> frozenset:
+    """The code objects of every __next__ that waits for a batch (for the stall detector)."""
+    return frozenset(cls.__next__.__code__ for cls in (WatchedIterator, FastWatchedIterator,
+                                                       FastGpuWatchedIterator))
 
 
 # ---- the wrappers ------------------------------------------------------------------------

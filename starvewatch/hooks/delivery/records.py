@@ -14,7 +14,7 @@ from operator import itemgetter, sub
 
 from ...schema import STEP_COLUMNS
 from ...stats import LoaderTotals, RecordStats
-from ..record_layout import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT
+from ..record_layout import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT, expand_reads
 from .account import add_accounts, empty_account
 from .transport import Delivery
 
@@ -46,6 +46,7 @@ def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict
     records are raw clock reads from the fast path; the few from the general path (a CPU
     probe, an epoch's first step, `step()` users, GPU measurements) carry durations and
     extras and are patched in by position."""
+    records = expand_reads(records)
     n = len(records)
     col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
     t_call, t3, t4 = col(2), col(3), col(4)

@@ -11,7 +11,7 @@ import time
 from ...logonce import RateLimitedLog
 from ...schema import EVENTS_SCHEMA
 from ..cuda import PENDING
-from ..record_layout import R_GPU, Segment
+from ..record_layout import R_GPU, Segment, reads_steps
 from .records import RecordBook
 from .transport import TransportError
 
@@ -22,7 +22,7 @@ DRIVEN_WAKE_S = 5.0         # while the sampler runs the cycles, this thread che
 # A fast-path segment longer than this (clock reads) is ended at its next batch and a new one
 # started, so no list holds more than about one cycle of a loop's clock reads.
 SEGMENT_ROTATE_READS = 8192
-SEGMENT_TAKE_STEPS = 65536  # records made from a segment per GIL hold
+SEGMENT_TAKE_STEPS = 4096  # steps per reads record: the sidecar's batches stay small
 
 _errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
 
@@ -120,8 +120,8 @@ class Shipper(threading.Thread):
         """The oldest `n` items of the buffer, all at once: two C-level calls (~2 ns an item
         against ~35 for popping one by one), each atomic under the GIL; the training thread
         only appends at the end meanwhile, so the front stays what was sliced. Then the
-        records: fast-path segments (taken before, then in buffer order) turned into fast
-        records, in order with each loader's other records."""
+        records: fast-path segments (taken before, then in buffer order) as reads records
+        (record_layout.py), in order with each loader's other records."""
         buffer = self.session.buffer
         items = buffer[:n]
         del buffer[:len(items)]
@@ -137,11 +137,10 @@ class Shipper(threading.Thread):
                 continue
             final = item.final  # read before the length: a final segment gets no more reads
             while True:
-                chunk = item.take(SEGMENT_TAKE_STEPS)
+                chunk = item.take(SEGMENT_TAKE_STEPS)  # one slice of its reads (C-level)
                 records += chunk
-                if len(chunk) < SEGMENT_TAKE_STEPS:
+                if not chunk or reads_steps(chunk[0]) < SEGMENT_TAKE_STEPS:
                     break
-                time.sleep(0)  # the training thread runs between chunks
             if not final:
                 self._segments.append(item)
                 if len(item.times) > SEGMENT_ROTATE_READS:

@@ -35,6 +35,7 @@ from pathlib import Path
 from ...logonce import RateLimitedLog
 from .account import Warnings
 from .collector_link import find_collector
+from ..record_layout import count_steps
 from .records import LocalPipeline
 from ..samplers import HostSampler, _psutil, gpu_reading
 from .transport import Delivery, HttpTransport, Spool, TransportError
@@ -148,7 +149,7 @@ class Sidecar:
                 try:
                     self.pipeline.send_packed(header, parts, self.flush_deadline)
                 except Exception as exc:  # never fatal, never silent: the records are counted
-                    lost = sum(len(marshal.loads(part)) for part in parts)
+                    lost = sum(count_steps(marshal.loads(part)) for part in parts)
                     self.delivery._drop("sidecar_error", lost)
                     print(f"starvewatch: warning: the sidecar could not deliver {lost} step records "
                           f"({exc!r}); counted as dropped", file=sys.stderr, flush=True)

@@ -22,6 +22,7 @@ from collections import OrderedDict
 
 from ...spool_format import file_name
 from .account import add_accounts, empty_account
+from ..record_layout import count_steps
 from .records import CHUNK, LocalPipeline, RecordBook
 from .transport import dumps
 
@@ -312,7 +313,7 @@ class SidecarPipeline:
     def add(self, records: list[tuple], names: list[str]) -> None:
         if self.remote:
             self._parts.append(marshal.dumps(records))
-            self._count += len(records)
+            self._count += count_steps(records)
         else:
             self.local.add(records, names)
 
