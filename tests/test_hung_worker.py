@@ -117,7 +117,7 @@ def test_the_stall_names_the_worker_its_state_indices_and_stack(tmp_path, monkey
     assert "in blocked_here_until" in render_html(summary, {}, {}, [])
 
 
-def test_without_workers_the_training_threads_stack_and_indices(tmp_path, stall_quickly):
+def test_without_workers_the_training_threads_stack(tmp_path, stall_quickly):
     gate = str(tmp_path / "gate")
     loader = starvewatch.watch(DataLoader(BlocksOnOneIndex(gate), batch_size=BATCH, num_workers=0))
     releaser = _release_when_stack_arrives(gate, step=5)
@@ -125,7 +125,8 @@ def test_without_workers_the_training_threads_stack_and_indices(tmp_path, stall_
     releaser.join(5)
     stall = _blocked_stall(starvewatch.finish()["stalls"], 5)
     assert stall["worker"] is None and stall["worker_state"] == "in training process"
-    assert stall["phase"] == "next" and stall["indices"] == [20, 21, 22, 23]
+    # No indices in the training process: they would be read from another thread's frame.
+    assert stall["phase"] == "next" and stall["indices"] is None
     assert stall["stack_of"] == "training process"
     assert "blocked_here_until" in stall["stack"] and "__getitem__" in stall["stack"]
 

@@ -9,7 +9,6 @@ loader runs in it (num_workers=0) or when the loop hangs inside `iter()`.
 from __future__ import annotations
 
 import os
-import sys
 
 from .stacks import dump_self
 
@@ -24,22 +23,6 @@ def expected_worker(inner) -> int | None:
     if info is None or len(info) != 1:
         return None
     return int(info[0])
-
-
-def _indices_in_this_process(thread_id: int) -> list[int] | None:
-    """num_workers=0: the indices the training thread's fetcher is loading (its frame's
-    argument), or None when it is not inside a fetch by index. The one read of another
-    thread's frame locals in the package (CPython 3.11 can crash on those,
-    python/cpython#111363): only once a stall is detected, and only of torch's `fetch` frame,
-    which is suspended in the call to the dataset, never of the innermost running frame."""
-    frame = sys._current_frames().get(thread_id)
-    while frame is not None:
-        if frame.f_code.co_name == "fetch" and "possibly_batched_index" in frame.f_code.co_varnames:
-            index = frame.f_locals.get("possibly_batched_index")
-            index = index if isinstance(index, (list, tuple)) else [index]
-            return list(index[:1000]) if all(type(i) is int for i in index) else None
-        frame = frame.f_back
-    return None
 
 
 def _main_stack(session) -> str | None:
@@ -57,8 +40,9 @@ def describe(session, state, inner, phase: str, snapshot: dict | None) -> tuple[
     board = state.board
     workers = (snapshot or {}).get("workers") or []
     if not (state.config or {}).get("num_workers"):  # the loader runs in the training process
+        # No indices: they are a local of torch's fetch frame, and reading another thread's
+        # frames can crash CPython 3.11 (python/cpython#111363); the stack shows where it is.
         fields["worker_state"] = "in training process"
-        fields["indices"] = _indices_in_this_process(session.thread_id)
         fields["stack"], fields["stack_of"] = _main_stack(session), "training process"
         return fields, None
     worker = expected_worker(inner) if inner is not None and board is not None else None

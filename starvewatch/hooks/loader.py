@@ -26,8 +26,9 @@ from .record_layout import FAST_RECORD_LEN, FULL_RECORD_LEN, Segment  # noqa: F4
 ACTIVE: list = []
 
 # (loader state, when iter() was called) while iter(loader) runs (worker start-up), innermost
-# last: the stall detector reads it instead of the training thread's frame locals, which
-# another thread cannot read safely (CPython 3.11 can crash: python/cpython#111363).
+# last: the stall detector reads it (and each iterator's waiting_since()) instead of the
+# training thread's frames, which another thread cannot walk safely (CPython 3.11 can crash:
+# python/cpython#111363).
 STARTING: list = []
 
 
@@ -367,12 +368,6 @@ def start_epoch(state, make_inner):
     finally:
         STARTING.remove(starting)
     return WatchedIterator(inner, state, t0, _now())
-
-
-def next_codes() -> frozenset:
-    """The code objects of every __next__ that waits for a batch (for the stall detector)."""
-    return frozenset(cls.__next__.__code__ for cls in (WatchedIterator, FastWatchedIterator,
-                                                       FastGpuWatchedIterator))
 
 
 # ---- the wrappers ------------------------------------------------------------------------

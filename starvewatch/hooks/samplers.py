@@ -194,31 +194,21 @@ class StallDetector:
         self.session = session
         self.open: dict[str, dict] = {}
         self.stack_requests: list[tuple] = []  # (loader, started_ns, pid, signal, path)
-        self._next_codes = None
 
     def _waiting_since(self):
-        """(loader state, its iterator or None, when the wait began, "next" or "iter"): what
-        the training thread is blocked in, from the code objects on its stack and the
-        iterators' own state; None when it is not waiting. Never the frames' locals: reading
-        those from another thread can crash CPython 3.11 (python/cpython#111363)."""
-        from .loader import ACTIVE, STARTING, next_codes, start_epoch
-        if self._next_codes is None:
-            self._next_codes = next_codes()
-        frame = sys._current_frames().get(self.session.thread_id)
-        while frame is not None:
-            code = frame.f_code
-            if code in self._next_codes:
-                for ref in reversed(list(ACTIVE)):  # innermost first
-                    it = ref()
-                    since = it.waiting_since() if it is not None else None
-                    if since is not None:
-                        return it._state, it, since, "next"
-                return None
-            if code is start_epoch.__code__:  # inside iter(loader): worker start-up
-                starting = STARTING[-1] if STARTING else None
-                return (starting[0], None, starting[1], "iter") if starting else None
-            frame = frame.f_back
-        return None
+        """(loader state, its iterator or None, when the wait began, "next" or "iter"): the
+        innermost watched loader whose next() or iter() is in progress, from the iterators'
+        own state; None when none is. Never the training thread's frames: walking another
+        thread's frames (f_back, f_code, f_locals) can crash CPython 3.11
+        (python/cpython#111363), and did in this test suite."""
+        from .loader import ACTIVE, STARTING
+        for ref in reversed(list(ACTIVE)):  # innermost first
+            it = ref()
+            since = it.waiting_since() if it is not None else None
+            if since is not None:
+                return it._state, it, since, "next"
+        starting = STARTING[-1] if STARTING else None  # inside iter(loader): worker start-up
+        return (starting[0], None, starting[1], "iter") if starting else None
 
     def check(self, worker_snapshots: dict[str, dict]) -> None:
         settings = self.session.settings
