@@ -117,7 +117,10 @@ class LoaderFacts:
         # with workers, the training thread's CPU time while it waits (sampled, a few waits a
         # second) is receiving and rebuilding the batch from shared memory; blocked on the queue
         # it uses none. It does not shrink with more workers.
-        self.main_share = self.steady_wait * self.probe_cpu_fraction \
+        # Per batch, so from the typical wait: bursts (a slow item now and then) are waits for
+        # a worker, and the mean they inflate would read as the main process's own work.
+        typical_wait = min(self.steady_wait, self.median_wait) if self.median_wait is not None else self.steady_wait
+        self.main_share = typical_wait * self.probe_cpu_fraction \
             if self.workers and self.probe_cpu_fraction is not None else 0.0
         self.main_bound = bool(self.workers) and self.probe_cpu_fraction is not None \
             and self.probe_cpu_fraction >= self._busy_threshold(t) and self.main_share >= t.worker_transfer_ms
