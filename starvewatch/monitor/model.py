@@ -110,7 +110,11 @@ class LoaderFacts:
         # when the queue had batches ready, else a typical value.
         queue = info.get("queue_depth_mean")
         if self.workers and queue and queue >= 1 and self.median_wait is not None:
-            self.transfer = self.median_wait
+            # Workers that keep up leave a batch ready at most waits: the median is the
+            # hand-over. Workers that do not: most waits are for a worker, and only the short
+            # ones (a batch was ready) are the hand-over.
+            low = (steady.quantile(0.1) or 0) / 1e6 if steady and steady.count else self.median_wait
+            self.transfer = self.median_wait if self.workers_keep_up else max(t.worker_transfer_ms, low)
         else:
             self.transfer = t.worker_transfer_ms
         # The main process's share of a wait, apart from waiting for a worker to finish loading:
@@ -122,8 +126,10 @@ class LoaderFacts:
         typical_wait = min(self.steady_wait, self.median_wait) if self.median_wait is not None else self.steady_wait
         self.main_share = typical_wait * self.probe_cpu_fraction \
             if self.workers and self.probe_cpu_fraction is not None else 0.0
+        # Main-bound: that share is most of the wait (not a hand-over beside bursts or slow workers).
         self.main_bound = bool(self.workers) and self.probe_cpu_fraction is not None \
-            and self.probe_cpu_fraction >= self._busy_threshold(t) and self.main_share >= t.worker_transfer_ms
+            and self.probe_cpu_fraction >= self._busy_threshold(t) and self.main_share >= t.worker_transfer_ms \
+            and self.main_share >= 0.5 * self.steady_wait
         self.transfer = max(self.transfer, self.main_share)
         self.respawn = max(0.0, (self.first_wait or 0) - self.steady_wait) if self.workers else 0.0
         self.startup = self.respawn if self.respawn > 0 else t.worker_startup_ms
@@ -197,11 +203,14 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
         if f.cpu_busy:
             step = max(step, load / f.cores)  # the workers share the host's cores
         starts = 1 if config.get("persistent_workers") else f.epochs
+        # An epoch's start is the workers' spawn plus their first batch's load, which lighter
+        # loading shortens too.
+        startup = max(0.0, f.startup - f.load * (1 - what_if.get("load_scale", 1.0)))
         prefetch = config.get("prefetch_factor") or 2
         current = f.config.get("prefetch_factor") or 2
         unabsorbed = 1.0 if prefetch <= current else max(
             0.0, 1 - (prefetch - current) / max(1, f.prefetch_needed - current))
-        step += what_if.get("handover_ms", f.transfer) + f.startup * starts / max(1, f.steps) + f.burst_excess * unabsorbed
+        step += what_if.get("handover_ms", f.transfer) + startup * starts / max(1, f.steps) + f.burst_excess * unabsorbed
     return step / scale
 
 
