@@ -177,7 +177,7 @@ def main() -> None:
     args = parser.parse_args()
     n, batches, loop_s, repeats = (100_000, 2_000, 3.0, 2) if args.quick else (1_000_000, 20_000, 30.0, 6)
     only = set(args.only.split(",")) if args.only else None
-    results = {"load_average": os.getloadavg(), "cpu_count": os.cpu_count(), "quick": args.quick}
+    results = _results_io().started(args, args.quick)  # when, cores, load, arguments
 
     new_loops(args, only, results)  # issue 20's loops: benchmarks/overhead_loops.py
     if only is not None and not only & {"plain", "dataloader", "p99"}:
@@ -263,13 +263,16 @@ def new_loops(args, only, results: dict) -> None:
     print(loops.table(results), flush=True)
 
 
+def _results_io():
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks import results_io
+    return results_io
+
+
 def finish_report(results: dict) -> None:
-    loops = _loops_module()
-    results["load_average_end"] = os.getloadavg()
     print()
-    print(loops.table(results))
-    loops.write(results, RESULTS_PATH)
-    print(f"written to {RESULTS_PATH}")
+    print(_loops_module().table(results))
+    _results_io().write(results, RESULTS_PATH)  # adds the load at the end
 
 
 def pause_figures(holdups: list[float], seconds: float) -> dict:

@@ -252,10 +252,3 @@ def table(results: dict) -> str:
     lines = ["| what | measured | target | command |", "|---|---|---|---|"]
     lines += [f"| {w} | {m} | {t} | {cmd} |" for w, m, t in rows]
     return "\n".join(lines)
-
-
-def write(results: dict, path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
-        f.write("\n")

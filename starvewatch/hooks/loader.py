@@ -309,8 +309,8 @@ class FastWatchedIterator(WatchedIterator):
         if len(times) >= self._reads_left:  # the buffer's room is used up: the general path
             self.__class__ = WatchedIterator
             return WatchedIterator.__next__(self)
-        t_call = _now()  # a local: the stall detector reads it from this frame
-        times.append(t_call)  # closes the previous step
+        t_call = _now()
+        times.append(t_call)  # closes the previous step; an odd count means "waiting since"
         try:
             batch = next(self._it)
         except BaseException as exc:
