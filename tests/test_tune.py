@@ -245,3 +245,42 @@ def test_throughput_is_the_best_third_of_the_window():
     assert _best_segment_rate(slowed, 0.0) == pytest.approx(100, rel=0.02)
     assert len(slowed) / slowed[-1] == pytest.approx(75, rel=0.02)  # what the whole window says
     assert _best_segment_rate(steady[:30], 0.0) is None  # too few batches for thirds to mean anything
+
+
+def _modelled_tuner(monkeypatch, throughput, consumption=None, cores=2):
+    """A Tuner whose trials return throughput(workers, prefetch) at once: the search's choices
+    alone, with no loader run (the real trials are tested above)."""
+    from starvewatch.tuning import search
+    measured = []
+
+    def fake_trial(factory, cfg, deadline, **kwargs):
+        measured.append((cfg.num_workers, cfg.prefetch_factor))
+        return TrialResult(cfg, batches_per_s=throughput(cfg.num_workers, cfg.prefetch_factor), window_batches=50)
+    monkeypatch.setattr(search, "run_trial", fake_trial)
+    monkeypatch.setattr(search, "build", lambda factory, cfg: None)
+    monkeypatch.setattr(search, "free_memory", lambda: (64 << 30, 64 << 30))
+    tuner = search.Tuner(lambda **kw: None, budget_s=600, consumption_batches_per_s=consumption, cores=cores)
+    tuner.run()
+    return choose(tuner.trials, consumption)[0], measured
+
+
+def test_a_deeper_queue_that_helps_is_searched_for_fewer_workers(monkeypatch):
+    # Bursty loading: with prefetch_factor=4 each worker delivers 50 batches/s, with 2 only 30.
+    def bursty(workers, prefetch):
+        return 20.0 if not workers else workers * (50.0 if prefetch == 4 else 30.0)
+    pick, measured = _modelled_tuner(monkeypatch, bursty, consumption=300 / 1.2)
+    # 300 batches/s needed: 10 workers at prefetch 2, but 6 at prefetch 4 (found by bisection).
+    assert pick.config == LoaderConfig(6, 4), measured
+    assert (5, 4) in measured  # ... and 5 at prefetch 4 was measured, short of it
+
+
+def test_a_deeper_queue_is_tried_when_the_training_thread_alone_came_first(monkeypatch):
+    # Workers at prefetch 2 never beat the training thread alone (a costly hand-over), but a
+    # deeper queue at the best count does.
+    def costly_handover(workers, prefetch):
+        if not workers:
+            return 150.0
+        return (200.0 if prefetch == 4 else 140.0) if workers >= 4 else 100.0
+    pick, measured = _modelled_tuner(monkeypatch, costly_handover)
+    assert (4, 4) in measured
+    assert pick.config.prefetch_factor == 4 and pick.config.num_workers <= 4, measured

@@ -1,6 +1,7 @@
 """The search: a doubling search on num_workers, then refinement between the two workers
-counts that bracket the target, then prefetch_factor, persistent_workers and (with CUDA)
-pin_memory at the candidate answer. Every trial fits in the budget; a trial whose workers
+counts that bracket the target, then prefetch_factor at the candidate answer (and, when a
+deeper queue helps, a bisection of the workers count at that depth), persistent_workers and
+(with CUDA) pin_memory. Every trial fits in the budget; a trial whose workers
 would not fit in free RAM or /dev/shm is skipped with the reason.
 """
 from __future__ import annotations
@@ -226,15 +227,32 @@ class Tuner:
 
     def _prefetch(self) -> None:
         cand = self._candidate()
-        if cand is None or not cand.config.num_workers:
+        if cand is None:
             return
+        if not cand.config.num_workers:
+            # The training thread alone came out ahead of the workers measured: a deeper queue
+            # at the best of them may still pass it (loading that comes in bursts).
+            workers = [t for t in self.trials if t.usable and t.config.num_workers]
+            if not workers:
+                return
+            cand = max(workers, key=rate)
         base = cand.config
         deeper = self.measure(base.replace(prefetch_factor=4))
         if deeper is None or not deeper.usable or rate(deeper) < rate(cand) * PREFETCH_GAIN:
             return
-        # A deeper queue helped (bursty loading): it may let fewer workers keep up.
-        if base.num_workers > 1:
-            self.measure(base.replace(num_workers=base.num_workers - 1, prefetch_factor=4))
+        # A deeper queue helped (bursty loading): fewer workers may reach the target with it.
+        # Bisect the workers count at prefetch_factor=4, below the candidate's.
+        low, high = 0, base.num_workers
+        while high - low > 1 and not self.out_of_budget:
+            target = self._target()
+            mid = (low + high) // 2
+            trial = self.measure(base.replace(num_workers=mid, prefetch_factor=4))
+            if trial is None or not trial.usable:
+                return
+            if target is not None and rate(trial) >= target:
+                high = mid
+            else:
+                low = mid
 
     def _persistent_and_pinning(self) -> None:
         cand = self._candidate()
