@@ -31,33 +31,18 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 from benchmarks.faultproxy import FaultProxy  # noqa: E402
 from benchmarks.ingest import free_port, wait_up  # noqa: E402
 
 TICKER = r"""
 import json, sys, time, starvewatch
+sys.path.insert(0, sys.argv[2])
+from benchmarks.ticker import timed_steps
 seconds = float(sys.argv[1])
 clock = time.perf_counter
-source = starvewatch.watch(range(10**9), name="train")
-times, holdups = [], []
-end = clock() + seconds
-last = tick = clock()
-for _ in source:
-    worst = 0.0
-    step_end = clock() + 0.001
-    while True:
-        now = clock()
-        if now - tick > worst:
-            worst = now - tick
-        tick = now
-        if now >= step_end:
-            break
-    times.append(now - last)
-    holdups.append(worst)
-    last = now
-    if now > end:
-        break
+times, holdups = timed_steps(starvewatch.watch(range(10**9), name="train"), seconds)
 t = clock()
 summary = starvewatch.finish()
 finish_s = clock() - t
@@ -144,7 +129,7 @@ def run_fault(fault: str, seconds: float, tmp: Path) -> dict:
                     time.sleep(2.0)
                     collector.start()
                 timers.append(threading.Timer(seconds / 3, restart))
-        proc = subprocess.Popen([sys.executable, "-c", TICKER, str(seconds)], env=env,
+        proc = subprocess.Popen([sys.executable, "-c", TICKER, str(seconds), str(ROOT)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for timer in timers:
             timer.start()

@@ -28,6 +28,10 @@ os.environ.setdefault("STARVEWATCH_DIR", "/tmp/starvewatch-bench")
 
 import starvewatch  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+from benchmarks import overhead_loops, results_io  # noqa: E402
+from benchmarks.ticker import timed_steps  # noqa: E402
+
 
 def settle() -> None:
     """Wait for the previous run's shipper to finish, so repeats never overlap."""
@@ -127,37 +131,14 @@ def threads_cpu_s(native_ids) -> float:
 
 
 def step_loop(duration_s: float, watched: bool) -> tuple[list[float], list[float]]:
-    """1 ms compute steps. Returns each step's wall time (s) and each step's longest hold-up (s).
-
-    The training thread is its own high-rate ticker: its busy-wait reads the clock about every
-    0.1 µs, so the longest gap between two consecutive reads (the `next()` call included) is the
-    longest time anything held the thread up: the monitor's threads taking the GIL, the
-    sidecar or the OS taking the core. Bare and watched segments see the same OS; what the
-    watched side adds is the monitor's pause.
-    """
+    """1 ms compute steps (benchmarks/ticker.py). Returns each step's wall time (s) and each
+    step's longest hold-up (s). Bare and watched segments see the same OS; what the watched
+    side adds is the monitor's pause."""
     source = range(10**9)
     if watched:
         starvewatch.init("overhead-steps")
         source = starvewatch.watch(source)
-    clock = time.perf_counter
-    times, holdups = [], []
-    end = clock() + duration_s
-    last = tick = clock()
-    for _ in source:
-        worst = 0.0
-        step_end = clock() + 0.001
-        while True:
-            now = clock()
-            if now - tick > worst:
-                worst = now - tick
-            tick = now
-            if now >= step_end:
-                break
-        times.append(now - last)
-        holdups.append(worst)
-        last = now
-        if now > end:
-            break
+    times, holdups = timed_steps(source, duration_s)
     if watched:
         starvewatch.finish(quiet=True)
         settle()
@@ -177,7 +158,7 @@ def main() -> None:
     args = parser.parse_args()
     n, batches, loop_s, repeats = (100_000, 2_000, 3.0, 2) if args.quick else (1_000_000, 20_000, 30.0, 6)
     only = set(args.only.split(",")) if args.only else None
-    results = _results_io().started(args, args.quick)  # when, cores, load, arguments
+    results = results_io.started(args, args.quick)  # when, cores, load, arguments
 
     new_loops(args, only, results)  # issue 20's loops: benchmarks/overhead_loops.py
     if only is not None and not only & {"plain", "dataloader", "p99"}:
@@ -240,16 +221,8 @@ def main() -> None:
 RESULTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "overhead.json")
 
 
-def _loops_module():
-    try:
-        from benchmarks import overhead_loops
-    except ImportError:  # run as a script: its own directory is on sys.path
-        import overhead_loops
-    return overhead_loops
-
-
 def new_loops(args, only, results: dict) -> None:
-    loops = _loops_module()
+    loops = overhead_loops
     quick = args.quick
     wanted = (lambda key: only is None or key in only)
     if wanted("fast"):
@@ -263,16 +236,10 @@ def new_loops(args, only, results: dict) -> None:
     print(loops.table(results), flush=True)
 
 
-def _results_io():
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from benchmarks import results_io
-    return results_io
-
-
 def finish_report(results: dict) -> None:
     print()
-    print(_loops_module().table(results))
-    _results_io().write(results, RESULTS_PATH)  # adds the load at the end
+    print(overhead_loops.table(results))
+    results_io.write(results, RESULTS_PATH)  # adds the load at the end
 
 
 def pause_figures(holdups: list[float], seconds: float) -> dict:
