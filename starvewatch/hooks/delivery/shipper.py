@@ -129,9 +129,7 @@ class Shipper(threading.Thread):
             return items
         records: list[tuple] = []
         segments, self._segments = self._segments, []
-        for item in segments + [None] + items:
-            if item is None:  # segments from earlier cycles first: older than anything taken now
-                continue
+        for item in segments + items:  # segments from earlier cycles first: older than anything taken now
             if type(item) is not Segment:
                 records.append(item)
                 continue
