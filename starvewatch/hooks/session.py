@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import secrets
+import signal
 import socket
 import sys
 import threading
@@ -299,7 +301,7 @@ def watch(loader, name: str | None = None):
 def finish(*, quiet: bool | None = None) -> dict | None:
     """Flush, stop the threads, end the run and return its summary (starvewatch.summary/1)."""
     global _LAST_SUMMARY
-    with _LOCK:
+    with _LOCK, _child_exits_deferred():
         session = _SESSION
         if session is None or not session.active or session.pid != os.getpid():
             return _LAST_SUMMARY
@@ -325,6 +327,28 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         from .report import print_report
         print_report(summary, session, file=sys.stderr, previous_run_id=_previous_run(session, summary))
     return summary
+
+
+@contextlib.contextmanager
+def _child_exits_deferred():
+    """While finish() runs, a child's exit (the sidecar ending, a dead DataLoader worker) does
+    not run the process's SIGCHLD handler: torch's raises "worker killed" in the main thread
+    wherever it is, and finish() would stop half done. Python runs signal handlers on the main
+    thread only, so this applies there; the handler is back when finish() returns and runs at
+    the next child's exit (torch's iterator also checks its workers on its own)."""
+    sigchld = getattr(signal, "SIGCHLD", None)
+    if sigchld is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(sigchld)
+    if not callable(previous):  # the default or ignored: nothing of Python's runs
+        yield
+        return
+    signal.signal(sigchld, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(sigchld, previous)
 
 
 def _previous_run(session, summary: dict) -> str | None:
