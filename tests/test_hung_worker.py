@@ -109,7 +109,8 @@ def test_the_stall_names_the_worker_its_state_indices_and_stack(tmp_path, monkey
     stack_files = list(session.stack_dir.glob("worker-1.stack"))
     assert stack_files and "blocked_here_until" in stack_files[0].read_text()
     # The console line (and `starvewatch runs ID`), the Markdown and HTML exports say it too.
-    line = next(l for l in format_report(summary).splitlines() if "stall on train" in l and "worker 1" in l)
+    # (A slow spawn start-up may add a stall at batch 1, worker 1 not started yet: not this one.)
+    line = next(l for l in format_report(summary).splitlines() if "stall on train" in l and "batch 5 " in l)
     assert f"worker 1 (pid {worker_pids[1]}" in line and "loading indices 20, 21, 22, 23" in line
     assert "in blocked_here_until" in line  # the innermost frame of the loading thread
     markdown = to_markdown(summary)
@@ -169,3 +170,17 @@ def test_a_users_handler_is_never_replaced_and_strangers_are_never_signalled(tmp
                 stacks._KEEP.pop().close()
         for signum in taken:
             signal.signal(signum, signal.SIG_DFL)
+
+
+def test_the_console_line_names_the_batch_and_a_worker_that_has_not_started():
+    """Under spawn a worker may not have started when the loop first waits for it: the line
+    says so instead of 'pid None', and names the batch so two stalls read apart."""
+    run = {"id": "r", "name": "n", "status": "finished"}
+    not_started = {"loader": "train", "wait_s": 1.2, "step": 1, "epoch": 0, "worker": 1,
+                   "worker_pid": None, "worker_state": "not_started", "phase": "next"}
+    hung = dict(not_started, step=5, wait_s=3.0, worker_pid=77, worker_state="sleeping", indices=[20, 21])
+    verdict = {"input_bound": "high", "input_wait_fraction": 0.5}
+    summary = {"run": run, "verdict": verdict, "loaders": [], "stalls": [not_started, hung]}
+    lines = [l for l in format_report(summary).splitlines() if "stall on train" in l]
+    assert lines[0].endswith("waited 1.2 s for batch 1 of epoch 0: worker 1 (not started yet)")
+    assert "for batch 5 of epoch 0: worker 1 (pid 77, sleeping); loading indices 20, 21" in lines[1]

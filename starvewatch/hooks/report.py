@@ -29,7 +29,8 @@ def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: st
     from ..monitor.findings import finding_line, stall_where
     for stall in summary.get("stalls", [])[:3]:
         where = stall_where(stall)
-        lines.append(f"  !! stall on {stall.get('loader')}: waited {stall.get('wait_s', 0):.1f} s for one batch"
+        lines.append(f"  !! stall on {stall.get('loader')}: waited {stall.get('wait_s', 0):.1f} s for batch "
+                     f"{stall.get('step')} of epoch {stall.get('epoch')}"
                      + (f": {where}" if where else ""))
     for finding in summary.get("findings", [])[:3]:
         lines.append(f"  !! {finding.get('loader')}: {finding_line(finding)}")

@@ -303,8 +303,10 @@ def stack_frames(stack: str | None) -> list[str]:
 def stall_where(stall: dict) -> str:
     """One line: who holds the stalled batch and where it is (console, CLI, exports)."""
     parts = []
-    if stall.get("worker") is not None:
-        parts.append(f"worker {stall['worker']} (pid {stall.get('worker_pid')}, {stall.get('worker_state')})")
+    if stall.get("worker") is not None and stall.get("worker_pid"):
+        parts.append(f"worker {stall['worker']} (pid {stall['worker_pid']}, {stall.get('worker_state')})")
+    elif stall.get("worker") is not None:  # its process has not started (spawn is slow)
+        parts.append(f"worker {stall['worker']} (not started yet)")
     elif stall.get("worker_state"):
         parts.append(stall["worker_state"])
     if stall.get("phase") == "iter":
