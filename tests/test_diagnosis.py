@@ -212,6 +212,23 @@ def test_cpu_bound_at_the_core_count_gets_lighter_transforms_and_never_more_work
     assert s["recommendations"][0]["expected_speedup"] == pytest.approx(15 / (5 + 0.5 + (60 - 27) / 200), rel=0.05)
 
 
+def test_storage_bound_reads_get_faster_storage_not_more_workers():
+    """High machine-wide iowait: the readers are blocked on the device, so more of them only
+    queue; the gain claimed is the one if reads cost nothing (the CPU share of loading stays)."""
+    s = case_faster_storage()  # load 60 ms per batch on 2 workers against 10 ms of compute
+    assert [r["parameter"] for r in s["recommendations"]] == [None]
+    rec = s["recommendations"][0]
+    assert rec["suggested"] == "faster_storage" and "iowait 45%" in rec["reason"]
+    # reads free: 60 ms x 0.1 CPU = 6 ms of loading on 2 workers, under the 10 ms of compute
+    assert rec["expected_speedup"] == pytest.approx(30 / 10.5, rel=0.02)
+    lighter_cpu = run(loader(wait_ms=20, compute_ms=10, workers=2, persistent=True),
+                      system_info=system(cpu_fraction=0.6, load_ms=60, iowait_pct_mean=45.0))
+    assert lighter_cpu["recommendations"][0]["expected_speedup"] < rec["expected_speedup"]
+    quiet_disk = run(loader(wait_ms=20, compute_ms=10, workers=2, persistent=True),
+                     system_info=system(cpu_fraction=0.1, load_ms=60, iowait_pct_mean=5.0))
+    assert [r["parameter"] for r in quiet_disk["recommendations"]] == ["num_workers"]
+
+
 def test_the_main_process_share_is_named_and_more_workers_are_not_advised():
     s = case_main_process_share()
     assert s["verdict"]["limiting_factor"] == "input_bound_main"
@@ -421,3 +438,17 @@ def test_a_saturated_cpu_caps_more_workers_at_the_cores_even_for_waiting_loads()
     assert next(r for r in free["recommendations"] if r["parameter"] == "num_workers")["suggested"] == 9
     rec = next(r for r in busy["recommendations"] if r["parameter"] == "num_workers")
     assert rec["suggested"] == 2 and "saturated" in rec["reason"]
+
+
+def test_host_rates_weigh_by_the_interval_each_sample_covers():
+    """The last host sample is taken at stop and may cover a fraction of a second of
+    teardown: it must not count as much as a whole interval of training."""
+    from starvewatch.monitor.system import overview
+    samples = [("samples", {"kind": "host", "iowait_pct": 40.0, "cpu_pct": 20.0, "interval_s": 1.0}),
+               ("samples", {"kind": "host", "iowait_pct": 40.0, "cpu_pct": 20.0, "interval_s": 1.0}),
+               ("samples", {"kind": "host", "iowait_pct": 0.0, "cpu_pct": 90.0, "interval_s": 0.2})]
+    out = overview(samples)
+    assert out["iowait_pct_mean"] == pytest.approx(80 / 2.2)
+    assert out["cpu_pct_mean"] == pytest.approx((40 + 18) / 2.2)
+    older = overview([(k, {f: v for f, v in e.items() if f != "interval_s"}) for k, e in samples])
+    assert older["iowait_pct_mean"] == pytest.approx(80 / 3)  # without intervals: one second each

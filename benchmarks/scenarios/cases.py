@@ -9,7 +9,12 @@ supplies the "fixed" dataset that advice which is not a DataLoader argument stan
 """
 from __future__ import annotations
 
+import atexit
+import mmap
+import os
+import random
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -125,6 +130,64 @@ class NotSharded(IterableDataset):
             yield torch.full((self.size,), float(i))
 
 
+class DiskReads(Dataset):
+    """`n` items, each `chunks` random 1 MiB reads of a data file with O_DIRECT (past the page
+    cache: every read goes to the device, as a dataset larger than RAM does); with `in_memory`,
+    the same bytes copied from RAM instead (the data moved to faster storage)."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, n, chunks=4, in_memory=False):
+        self.n, self.chunks, self.in_memory = n, chunks, in_memory
+        self.path = data_file()
+        self.blocks = os.path.getsize(self.path) // self.CHUNK
+        self.fd = self.buffer = None
+
+    def __len__(self):
+        return self.n
+
+    def _open(self):
+        if self.in_memory:  # 64 MiB of the file in RAM; a read is one copy out of it (as from the page cache)
+            with open(self.path, "rb") as f:
+                self.ram = memoryview(bytearray(f.read(64 * self.CHUNK)))
+            self.blocks, self.buffer = 64, bytearray(self.CHUNK)
+        else:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+            self.buffer = mmap.mmap(-1, self.CHUNK)  # page-aligned, as O_DIRECT needs
+
+    def __getitem__(self, i):
+        if self.buffer is None:  # opened in the worker that reads
+            self._open()
+        rng = random.Random(i)
+        for _ in range(self.chunks):
+            block = rng.randrange(self.blocks)
+            if self.in_memory:
+                self.buffer[:] = self.ram[block * self.CHUNK:(block + 1) * self.CHUNK]
+            else:
+                os.preadv(self.fd, [self.buffer], block * self.CHUNK)
+        return torch.frombuffer(self.buffer, dtype=torch.float32, count=4).clone()
+
+    def __getstate__(self):  # workers open their own file
+        return {**self.__dict__, "fd": None, "buffer": None, "ram": None}
+
+
+_DATA_FILE: list[str] = []
+
+
+def data_file(size_bytes: int = 512 << 20) -> str:
+    """A file of random bytes for DiskReads, written once per harness run, removed at exit."""
+    if not _DATA_FILE:
+        folder = tempfile.mkdtemp(prefix="starvewatch-disk-", dir=os.environ.get("STARVEWATCH_DISK_DIR"))
+        path = os.path.join(folder, "data.bin")
+        with open(path, "wb") as f:
+            for _ in range(size_bytes // DiskReads.CHUNK):
+                f.write(os.urandom(DiskReads.CHUNK))
+            os.fsync(f.fileno())
+        atexit.register(shutil.rmtree, folder, True)
+        _DATA_FILE.append(path)
+    return _DATA_FILE[0]
+
+
 def slow_worker_start(worker_id):
     time.sleep(0.25)  # opening a dataset file, connecting to storage...
 
@@ -159,6 +222,7 @@ class Scenario:
     simulated: str | None = None   # what the scenario simulates (GPU, /dev/shm limit), if anything
     expect_finding: tuple | None = None  # (loader, kind): a finding that must be there ("stall": a named hang)
     env: Callable[[], dict] = field(default=lambda: {})
+    prepare: Callable[[], object] | None = None  # set-up before the watched run (a data file)
 
 
 def _shm_limit_env(extra_bytes: int) -> Callable[[], dict]:
@@ -220,6 +284,12 @@ SCENARIOS = [
                                    "persistent_workers": True}, 0.08)},
              1, "not", "compute_bound", None, expect_protective=("train", "prefetch_factor", 2, 6),
              simulated="/dev/shm limit (STARVEWATCH_SHM_LIMIT_BYTES)", env=_shm_limit_env(12 * 2**20)),
+    Scenario("faster_storage", "faster_storage",
+             "random 1 MiB reads past the page cache (O_DIRECT), 3 workers: the device is the limit",
+             {"train": LoaderSpec(lambda: DiskReads(768, chunks=12), {"batch_size": 4, "num_workers": 3,
+                                                           "persistent_workers": True}, 0.008,
+                                  fixed=lambda: DiskReads(768, chunks=12, in_memory=True))},
+             1, "high", "input_bound_io", ("train", None, "faster_storage"), prepare=data_file),
     Scenario("plain_iterable", "not_a_dataloader", "batches made by a generator on the training thread",
              {"train": LoaderSpec(lambda: Items(384, sleep_s=0.004), {"batch_size": 8}, 0.016, plain=True)},
              1, "high", "input_bound_io", ("train", None, "DataLoader(num_workers=")),

@@ -25,6 +25,9 @@ from ..shards import compare_readers, trimmed
 from .worker_checks import exit_signal, reaped_signal
 
 
+_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")  # psutil's user excludes guest
+
+
 class HostSampler:
     """Process and machine state, as rates over the last interval."""
 
@@ -52,7 +55,10 @@ class HostSampler:
         self._last = (now, swap, disk)
         # One read of /proc/stat gives per-core busy and iowait.
         per_core_times = ps.cpu_times_percent(None, percpu=True)
-        per_core = [100.0 - t.idle - getattr(t, "iowait", 0.0) for t in per_core_times]
+        # Busy is the sum of the busy fields, not 100 - idle - iowait: a core's iowait counter
+        # can run backwards (a task blocked on one core wakes on another), and the share it
+        # loses would read as busy: 60% "busy" on a host whose readers sat in iowait.
+        per_core = [sum(getattr(t, f, 0.0) for f in _BUSY_FIELDS) for t in per_core_times]
         iowait = (sum(getattr(t, "iowait", 0.0) for t in per_core_times) / len(per_core_times)
                   if per_core_times and hasattr(per_core_times[0], "iowait") else None)
         mem = ps.virtual_memory()
@@ -66,7 +72,7 @@ class HostSampler:
         with self.proc.oneshot():  # one read of /proc/<pid>/stat for both
             process_cpu, rss = self.proc.cpu_percent(None), self.proc.memory_info().rss
         return {
-            "kind": "host", "t_ns": time.time_ns(),
+            "kind": "host", "t_ns": time.time_ns(), "interval_s": dt,
             "process_cpu_pct": process_cpu,
             "process_rss_bytes": rss,
             "cpu_pct": sum(per_core) / len(per_core) if per_core else None,

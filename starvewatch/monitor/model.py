@@ -104,6 +104,10 @@ class LoaderFacts:
         else:  # saturated workers deliver one batch per (step time / workers)
             self.load = (self.workers or 1) * self.step
         self.cpu_busy = self._cpu_busy(t)
+        # Machine-wide iowait this high means processes (the readers) are blocked on storage
+        # with nothing else to run: the device is the limit, and more readers queue behind it.
+        iowait = self.system.get("iowait_pct_mean")
+        self.storage_bound = iowait is not None and iowait >= t.iowait_high_pct
         # The workers deliver a batch at least as fast as the loop consumes one.
         self.workers_keep_up = bool(self.workers) and self.load / self.workers <= self.compute * 1.05
         # Handing over a ready batch: the wait that remains when workers keep up, measured

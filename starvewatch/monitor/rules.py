@@ -38,8 +38,8 @@ def not_a_dataloader(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
 def more_workers(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     """Workers do not keep up: size them as ceil(load / compute x headroom); CPU-bound loading
     is capped by the cores of this rank's share of the host. Not when the wait is the main
-    process's own share (see main_process_share)."""
-    if f.workers is None or f.workers_keep_up or f.main_bound:
+    process's own share (see main_process_share), nor when storage is (see faster_storage)."""
+    if f.workers is None or f.workers_keep_up or f.main_bound or f.storage_bound:
         return []
     needed = f.workers_needed(t)
     # CPU-bound loading, or any loading on a host whose CPU is saturated (a waking worker
@@ -136,14 +136,21 @@ def pin_memory(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
 
 
 def faster_storage(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
-    """High iowait: the reads themselves are the limit."""
-    iowait = f.system.get("iowait_pct_mean")
-    if iowait is None or iowait < t.iowait_high_pct:
+    """High iowait: the reads themselves are the limit, and more workers only queue more reads
+    behind them. Predicted as if reads cost nothing: the CPU part of loading stays."""
+    if not f.storage_bound:
         return []
+    iowait = f.system["iowait_pct_mean"]
+    cpu_share = f.worker_cpu_fraction if f.workers else f.probe_cpu_fraction
+    read_rate = f.system.get("disk_read_bytes_per_s_mean")
     return [proposal(f, None, "faster_storage",
-                     f"reads are the limit (iowait {iowait:.0f}%): use a sequential shard format (WebDataset, "
-                     f"LMDB, TFRecord) or copy the data to local NVMe",
-                     f.evidence(iowait_pct=iowait), what_if={"load_scale": 0.5})]
+                     f"reads are the limit (iowait {iowait:.0f}%: the readers are blocked on storage"
+                     + (f" reading {read_rate / 2**20:.0f} MiB/s" if read_rate else "")
+                     + "); more workers would queue more reads behind them: use a sequential shard format "
+                     "(WebDataset, LMDB, TFRecord), copy the data to local NVMe, or cache it in RAM "
+                     "(`starvewatch tune` measures whether more workers help anyway)",
+                     f.evidence(iowait_pct=round(iowait, 1), disk_read_bytes_per_s=read_rate),
+                     what_if={"load_scale": round(cpu_share or 0.0, 3)})]
 
 
 def memory_budget(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:

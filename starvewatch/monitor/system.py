@@ -8,6 +8,15 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _rate_mean(host: list[dict], key: str) -> float | None:
+    """A host rate (CPU %, iowait, bytes/s) over the run: each sample is a rate over its own
+    interval, so each weighs by that interval's length (a short last sample taken at stop
+    weighs little); samples without `interval_s` (older hooks) weigh one second."""
+    pairs = [(e[key], e.get("interval_s") or 1.0) for e in host if e.get(key) is not None]
+    seconds = sum(w for _, w in pairs)
+    return sum(v * w for v, w in pairs) / seconds if seconds > 0 else None
+
+
 def _max(values):
     values = [v for v in values if v is not None]
     return max(values) if values else None
@@ -27,15 +36,15 @@ def overview(events: list[tuple[str, dict]]) -> dict | None:
     devices = [d for e in gpu for d in e.get("devices", [])]
     out = {
         "host_samples": len(host),
-        "cpu_pct_mean": _mean(e.get("cpu_pct") for e in host),
+        "cpu_pct_mean": _rate_mean(host, "cpu_pct"),
         "cpu_pct_max": _max(e.get("cpu_pct") for e in host),
-        "process_cpu_pct_mean": _mean(e.get("process_cpu_pct") for e in host),
-        "iowait_pct_mean": _mean(e.get("iowait_pct") for e in host),
+        "process_cpu_pct_mean": _rate_mean(host, "process_cpu_pct"),
+        "iowait_pct_mean": _rate_mean(host, "iowait_pct"),
         "mem_available_min_bytes": _min(e.get("mem_available_bytes") for e in host),
         "mem_total_bytes": _max(e.get("mem_total_bytes") for e in host),
-        "swap_in_bytes_per_s_mean": _mean(e.get("swap_in_bytes_per_s") for e in host),
-        "swap_out_bytes_per_s_mean": _mean(e.get("swap_out_bytes_per_s") for e in host),
-        "disk_read_bytes_per_s_mean": _mean(e.get("disk_read_bytes_per_s") for e in host),
+        "swap_in_bytes_per_s_mean": _rate_mean(host, "swap_in_bytes_per_s"),
+        "swap_out_bytes_per_s_mean": _rate_mean(host, "swap_out_bytes_per_s"),
+        "disk_read_bytes_per_s_mean": _rate_mean(host, "disk_read_bytes_per_s"),
         "shm_used_max_bytes": _max(e.get("shm_used_bytes") for e in host),
         "shm_used_min_bytes": _min(e.get("shm_used_bytes") for e in host),
         "shm_total_bytes": _max(e.get("shm_total_bytes") for e in host),
