@@ -186,3 +186,56 @@ def test_a_stall_is_reported_once_with_worker_states(monkeypatch, memory_run):
     assert stall["loader"] == "train" and stall["step"] == 30 and stall["wait_s"] > 0.3
     events = [e for p in transport.payloads for e in p.get("stalls", [])]
     assert len(events) == 2 and events[0]["ended_ns"] is None and events[1]["ended_ns"]  # begun, ended
+
+
+def _spin_forever():
+    while True:
+        pass
+
+
+def test_a_core_kept_busy_reads_busy_over_a_short_interval():
+    """psutil.cpu_times_percent(percpu=True) scales by max(1 s, a core's delta): at the
+    sidecar's 0.5 s it read a saturated core as 50% busy and an idle one as 50% idle. The
+    sampler's shares come from the raw counters, so a pinned spinner reads near 100%."""
+    import multiprocessing
+
+    import psutil
+
+    from starvewatch.hooks.samplers import HostSampler
+    core = sorted(os.sched_getaffinity(0))[0]
+    spinner = multiprocessing.get_context("fork").Process(target=_spin_forever, daemon=True)
+    spinner.start()
+    try:
+        proc = psutil.Process(spinner.pid)
+        proc.cpu_affinity([core])
+        wait_until(lambda: proc.cpu_affinity() == [core] and sum(proc.cpu_times()[:2]) > 0.05, what="spinning")
+        sampler = HostSampler(psutil)
+        start = sum(proc.cpu_times()[:2])
+        wait_until(lambda: sum(proc.cpu_times()[:2]) - start >= 0.4, what="0.4 s of spinning")
+        sample = sampler.sample()
+    finally:
+        spinner.kill()
+        spinner.join(5)
+    assert sample["cpu_per_core_pct"][core] >= 80, sample["cpu_per_core_pct"]
+    assert 0 <= sample["iowait_pct"] <= 100
+
+
+def test_cpu_shares_sum_per_core_and_a_counter_running_backwards_counts_zero():
+    from collections import namedtuple
+
+    from starvewatch.hooks.samplers import HostSampler
+    Times = namedtuple("Times", "user nice system idle iowait irq softirq steal guest guest_nice")
+    readings = iter([[Times(10, 0, 5, 100, 8, 0, 0, 0, 0, 0), Times(10, 0, 5, 100, 0, 0, 0, 0, 0, 0)],
+                     [Times(10.3, 0, 5.1, 100.4, 8.2, 0, 0, 0, 0, 0),   # 0.4 busy, 0.2 iowait of 1.0
+                      Times(10.0, 0, 5.0, 100.5, 0.0, 0, 0, 0, 0, 0)]])
+
+    class FakePsutil:
+        def cpu_times(self, percpu):
+            assert percpu
+            return next(readings)
+
+    sampler = HostSampler.__new__(HostSampler)
+    sampler.ps = FakePsutil()
+    sampler._cpu_last = sampler._cpu_times()
+    busy, iowait = sampler._cpu_shares()
+    assert busy == pytest.approx([40.0, 0.0]) and iowait == pytest.approx((20.0 + 0.0) / 2)

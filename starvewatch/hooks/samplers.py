@@ -25,7 +25,7 @@ from ..shards import compare_readers, trimmed
 from .worker_checks import exit_signal, reaped_signal
 
 
-_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")  # psutil's user excludes guest
+_BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq", "steal")
 
 
 class HostSampler:
@@ -36,8 +36,8 @@ class HostSampler:
         self.pid = pid or os.getpid()  # the training process (the sidecar samples its parent)
         self.proc = psutil.Process(self.pid)
         self.proc.cpu_percent(None)
-        psutil.cpu_times_percent(None, percpu=True)
         self._last = (time.monotonic(), psutil.swap_memory(), self._disk())
+        self._cpu_last = self._cpu_times()
         self._children: dict[int, object] = {}
 
     def _disk(self):
@@ -46,6 +46,30 @@ class HostSampler:
         except (RuntimeError, OSError):
             return None
 
+    def _cpu_times(self) -> list[dict]:
+        """One read of /proc/stat: each core's cumulative seconds per field."""
+        return [t._asdict() for t in self.ps.cpu_times(percpu=True)]
+
+    def _cpu_shares(self) -> tuple[list[float], float | None]:
+        """(busy % per core, iowait % of the host) since the last call, from the raw counters.
+        Not psutil.cpu_times_percent(percpu=True): it scales by max(1, a core's total delta),
+        so under a 1 s interval every share shrinks (an idle core read 50% busy at 0.5 s). A
+        field whose counter ran backwards (a core's iowait can) counts as zero."""
+        now, then = self._cpu_times(), self._cpu_last
+        self._cpu_last = now
+        busy, iowait, cores_with_iowait = [], 0.0, 0
+        for t1, t0 in zip(now, then):
+            delta = {f: max(0.0, t1[f] - t0.get(f, 0.0)) for f in t1 if f not in ("guest", "guest_nice")}
+            total = sum(delta.values())  # (user already includes guest time)
+            if total <= 0:
+                busy.append(0.0)
+                continue
+            busy.append(100.0 * sum(delta.get(f, 0.0) for f in _BUSY_FIELDS) / total)
+            if "iowait" in delta:
+                iowait += 100.0 * delta["iowait"] / total
+                cores_with_iowait += 1
+        return busy, (iowait / cores_with_iowait if cores_with_iowait else None)
+
     def sample(self) -> dict:
         ps = self.ps
         now = time.monotonic()
@@ -53,14 +77,7 @@ class HostSampler:
         then, swap0, disk0 = self._last
         dt = max(1e-6, now - then)
         self._last = (now, swap, disk)
-        # One read of /proc/stat gives per-core busy and iowait.
-        per_core_times = ps.cpu_times_percent(None, percpu=True)
-        # Busy is the sum of the busy fields, not 100 - idle - iowait: a core's iowait counter
-        # can run backwards (a task blocked on one core wakes on another), and the share it
-        # loses would read as busy: 60% "busy" on a host whose readers sat in iowait.
-        per_core = [sum(getattr(t, f, 0.0) for f in _BUSY_FIELDS) for t in per_core_times]
-        iowait = (sum(getattr(t, "iowait", 0.0) for t in per_core_times) / len(per_core_times)
-                  if per_core_times and hasattr(per_core_times[0], "iowait") else None)
+        per_core, iowait = self._cpu_shares()
         mem = ps.virtual_memory()
         try:
             shm = shutil.disk_usage("/dev/shm")
