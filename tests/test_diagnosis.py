@@ -229,6 +229,23 @@ def test_storage_bound_reads_get_faster_storage_not_more_workers():
     assert [r["parameter"] for r in quiet_disk["recommendations"]] == ["num_workers"]
 
 
+def test_workers_that_fill_the_cores_are_cpu_bound_even_when_the_host_reads_unsaturated():
+    """6 workers spinning on 2 cores each get a third of a core (CPU fraction 0.35, under the
+    0.5 of a CPU-bound fetch) and a short run's host figure may read 80%: the workers' own
+    counters say they use 2.1 cores, all there are."""
+    s = run(loader(wait_ms=10, compute_ms=4, workers=6, persistent=True),
+            system_info=system(cpu_fraction=0.35, load_ms=48, cpu_pct_mean=80.0))
+    assert s["verdict"]["limiting_factor"] == "input_bound_cpu"
+    kinds = {(r["parameter"], r["suggested"], r["kind"]) for r in s["recommendations"]}
+    assert (None, "gpu_transforms", "speedup") in kinds and ("num_workers", 2, "protective") in kinds
+    assert not any(r["parameter"] == "num_workers" and r["kind"] == "speedup" for r in s["recommendations"])
+    protective = next(r for r in s["recommendations"] if r["kind"] == "protective")
+    assert "uses 2.1 cores" in protective["reason"]
+    sleeping = run(loader(wait_ms=10, compute_ms=4, workers=6, persistent=True),
+                   system_info=system(cpu_fraction=0.1, load_ms=48, cpu_pct_mean=80.0))
+    assert sleeping["verdict"]["limiting_factor"] == "input_bound_io"
+
+
 def test_the_main_process_share_is_named_and_more_workers_are_not_advised():
     s = case_main_process_share()
     assert s["verdict"]["limiting_factor"] == "input_bound_main"

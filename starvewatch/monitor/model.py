@@ -103,13 +103,19 @@ class LoaderFacts:
             self.load = self.worker_load
         else:  # saturated workers deliver one batch per (step time / workers)
             self.load = (self.workers or 1) * self.step
-        self.cpu_busy = self._cpu_busy(t)
         # Machine-wide iowait this high means processes (the readers) are blocked on storage
         # with nothing else to run: the device is the limit, and more readers queue behind it.
         iowait = self.system.get("iowait_pct_mean")
         self.storage_bound = iowait is not None and iowait >= t.iowait_high_pct
         # The workers deliver a batch at least as fast as the loop consumes one.
         self.workers_keep_up = bool(self.workers) and self.load / self.workers <= self.compute * 1.05
+        # Workers that never catch up fetch all the time: together they use fraction x workers
+        # cores. When that is every usable core, loading is CPU work that saturates them however
+        # thinly each worker's share is spread (6 spinning workers on 2 cores: 0.35 each).
+        self.loading_saturates_cores = bool(self.workers) and not self.workers_keep_up \
+            and self.worker_cpu_fraction is not None \
+            and self.worker_cpu_fraction * self.workers >= t.cpu_saturated_pct / 100 * self.cores
+        self.cpu_busy = self._cpu_busy(t)
         # Handing over a ready batch: the wait that remains when workers keep up, measured
         # when the queue had batches ready, else a typical value.
         queue = info.get("queue_depth_mean")
@@ -164,6 +170,8 @@ class LoaderFacts:
         # its CPU time over wall time falls; a fetch that sleeps on reads stays near zero.
         threshold = self._busy_threshold(t)
         if self.workers and self.worker_cpu_fraction is not None:
+            if self.loading_saturates_cores:
+                return True
             return self.worker_cpu_fraction >= threshold
         if self.workers == 0 and self.probe_cpu_fraction is not None:
             return self.probe_cpu_fraction >= threshold

@@ -81,7 +81,7 @@ def lighter_transforms(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
         return []
     # The share of a fetch the transforms account for: its CPU time over its wall time; on a
     # saturated host the rest is waiting for a core, caused by the CPU work as well.
-    saturated = (f.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
+    saturated = (f.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct or f.loading_saturates_cores
     cpu_share = 1.0 if saturated or f.worker_cpu_fraction is None else f.worker_cpu_fraction
     return [proposal(f, None, "gpu_transforms",
                      f"the transforms are the limit ({f.workers} CPU-bound workers on {f.cores} cores, "
@@ -92,12 +92,18 @@ def lighter_transforms(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
 
 
 def cpu_oversubscribed(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
-    """More CPU-bound workers than cores on a saturated CPU: they thrash and hold RAM."""
-    if not f.workers or not f.cpu_busy or f.workers <= f.cores or not ctx["cpu_saturated"]:
+    """More CPU-bound workers than cores on a saturated CPU (the host's, or the cores the
+    workers fill themselves): they thrash and hold RAM."""
+    if not f.workers or not f.cpu_busy or f.workers <= f.cores or \
+            not (ctx["cpu_saturated"] or f.loading_saturates_cores):
         return []
+    host_pct = f.system.get("cpu_pct_mean")
     return [proposal(f, "num_workers", f.cores,
-                     f"{f.workers} CPU-bound workers share {f.cores} cores on a saturated CPU "
-                     f"({f.system.get('cpu_pct_mean'):.0f}% busy)",
+                     f"{f.workers} CPU-bound workers share {f.cores} cores on a saturated CPU ("
+                     + (f"{host_pct:.0f}% busy" if host_pct is not None else "")
+                     + (", " if host_pct is not None and f.loading_saturates_cores else "")
+                     + (f"the workers' loading alone uses {f.worker_cpu_fraction * f.workers:.1f} cores"
+                        if f.loading_saturates_cores else "") + ")",
                      f.evidence(cpu_pct=f.system.get("cpu_pct_mean")), kind="protective",
                      risk="workers beyond the cores thrash the CPU caches and each holds its own copy of the dataset")]
 
