@@ -239,7 +239,7 @@ SCENARIOS = [
                                   {"batch_size": 8, "num_workers": 1, "persistent_workers": True}, 0.016)},
              1, "high", "input_bound_io", ("train", "num_workers", 2, 4)),
     Scenario("cpu_bound_workers0_capped", "more_workers", "CPU-bound items (2 ms of CPU each), num_workers=0",
-             {"train": LoaderSpec(lambda: Items(256, spin_s=0.002), {"batch_size": 8, "num_workers": 0}, 0.008)},
+             {"train": LoaderSpec(lambda: Items(1024, spin_s=0.002), {"batch_size": 8, "num_workers": 0}, 0.008)},
              1, "high", "input_bound_cpu", ("train", "num_workers", 2, 2)),
     Scenario("cpu_transform_workers_eq_cores", "lighter_transforms",
              "a CPU-heavy transform (16 ms a batch) with workers = cores: more workers would not help",
