@@ -284,3 +284,36 @@ def test_a_deeper_queue_is_tried_when_the_training_thread_alone_came_first(monke
     pick, measured = _modelled_tuner(monkeypatch, costly_handover)
     assert (4, 4) in measured
     assert pick.config.prefetch_factor == 4 and pick.config.num_workers <= 4, measured
+
+
+def test_the_doubling_follows_a_deeper_queue_that_pays(monkeypatch):
+    # Bursty loading on a host that tops out at 700 batches/s: 4 deep, each worker delivers
+    # 45 batches/s, 2 deep only 28. Doubling 2 deep would climb to 23 workers first.
+    def bursty(workers, prefetch):
+        return 20.0 if not workers else min(700.0, workers * (45.0 if prefetch == 4 else 28.0))
+    pick, measured = _modelled_tuner(monkeypatch, bursty)
+    assert pick.config == LoaderConfig(14, 4), measured  # the fewest within 10% of 700, 4 deep
+    assert max(w for w, p in measured if p == 2) == 4, measured  # 2 deep was left at the probe
+
+
+def test_a_deeper_queue_that_does_not_pay_leaves_the_doubling_at_two(monkeypatch):
+    def steady(workers, prefetch):
+        return 20.0 if not workers else min(400.0, workers * 50.0 * (1.05 if prefetch == 4 else 1.0))
+    pick, measured = _modelled_tuner(monkeypatch, steady)
+    assert {(4, 4), (8, 4)} <= set(measured)  # probed twice, then no more
+    assert not any(p == 4 and w > 8 for w, p in measured), measured
+    assert pick.config.num_workers in (8, 7), measured
+
+
+@pytest.mark.timeout(20)
+def test_refinement_ends_when_the_midpoint_gave_no_figure(monkeypatch):
+    """A refinement midpoint whose trial gave no figure (cut short, failed) is measured once;
+    asked for again, it adds no trial, and the refinement ends instead of spinning (the
+    budget clock only advances with new trials)."""
+    def no_figure_at_6(workers, prefetch):
+        if workers == 6:
+            return None
+        return 20.0 if not workers else min(400.0, workers * 50.0)
+    pick, measured = _modelled_tuner(monkeypatch, no_figure_at_6)
+    assert pick is not None and pick.config.num_workers == 8, measured
+    assert measured.count((6, 2)) == 1, measured
