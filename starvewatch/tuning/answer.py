@@ -99,6 +99,8 @@ def table(trials: list, answer=None) -> str:
         note = "" if t.status == "measured" else f"{t.status}: {t.reason}"
         if t.status == "measured" and t.spread is not None and t.spread > 0.1:
             note = f"unsteady ({100 * t.spread:.0f}% between halves)"
+        if t.runs > 1:
+            note = f"mean of {t.runs} runs" + (f"; {note}" if note else "")
         lines.append(f"{mark} {t.config.label():<58} {_num(t.batches_per_s):>10} {_num(t.samples_per_s):>10} "
                      f"{_ms(restart_s(t)):>9} {_mib(t.worker_uss_bytes):>10} {_num(t.cpu_pct, 0):>6}  "
                      f"{note}".rstrip())

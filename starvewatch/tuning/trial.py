@@ -47,6 +47,31 @@ class TrialResult:
     worker_pids: list[int] = field(default_factory=list)
     workers_killed: int = 0           # workers that had to be killed after the grace period
     duration_s: float = 0.0
+    runs: int = 1                     # measurements averaged in the figures (see merge)
+
+    def merge(self, again: "TrialResult") -> None:
+        """Fold a repeat of this configuration in: throughputs are the mean over the runs (one
+        high draw among many trials no longer decides), memory and start-up the worst seen."""
+        if not again.usable or not self.usable:
+            return
+        n = self.runs
+
+        def mean(a, b):
+            return b if a is None else a if b is None else (a * n + b) / (n + 1)
+        self.batches_per_s = mean(self.batches_per_s, again.batches_per_s)
+        self.mean_batches_per_s = mean(self.mean_batches_per_s, again.mean_batches_per_s)
+        self.samples_per_s = mean(self.samples_per_s, again.samples_per_s)
+        self.cpu_pct = mean(self.cpu_pct, again.cpu_pct)
+        self.spread = max(self.spread or 0.0, again.spread or 0.0)
+        self.window_batches += again.window_batches
+        self.window_s += again.window_s
+        self.duration_s += again.duration_s
+        self.workers_killed += again.workers_killed
+        self.worker_pids += again.worker_pids
+        for name in ("startup_s", "worker_uss_bytes", "batch_bytes"):
+            values = [v for v in (getattr(self, name), getattr(again, name)) if v is not None]
+            setattr(self, name, max(values) if values else None)
+        self.runs += 1
 
     @property
     def usable(self) -> bool:
