@@ -14,6 +14,7 @@ import mmap
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -142,15 +143,17 @@ class DiskReads(Dataset):
         self.path = data_file()
         self.blocks = os.path.getsize(self.path) // self.CHUNK
         self.fd = self.buffer = None
+        if in_memory:  # 64 MiB of the file, read here: forked workers share it, none reads the disk
+            with open(self.path, "rb") as f:
+                self.ram = f.read(64 * self.CHUNK)
+            self.blocks = 64
 
     def __len__(self):
         return self.n
 
     def _open(self):
-        if self.in_memory:  # 64 MiB of the file in RAM; a read is one copy out of it (as from the page cache)
-            with open(self.path, "rb") as f:
-                self.ram = memoryview(bytearray(f.read(64 * self.CHUNK)))
-            self.blocks, self.buffer = 64, bytearray(self.CHUNK)
+        if self.in_memory:  # a read is one copy out of RAM (as from the page cache)
+            self.buffer = bytearray(self.CHUNK)
         else:
             self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
             self.buffer = mmap.mmap(-1, self.CHUNK)  # page-aligned, as O_DIRECT needs
@@ -162,13 +165,13 @@ class DiskReads(Dataset):
         for _ in range(self.chunks):
             block = rng.randrange(self.blocks)
             if self.in_memory:
-                self.buffer[:] = self.ram[block * self.CHUNK:(block + 1) * self.CHUNK]
+                self.buffer[:] = memoryview(self.ram)[block * self.CHUNK:(block + 1) * self.CHUNK]
             else:
                 os.preadv(self.fd, [self.buffer], block * self.CHUNK)
         return torch.frombuffer(self.buffer, dtype=torch.float32, count=4).clone()
 
     def __getstate__(self):  # workers open their own file
-        return {**self.__dict__, "fd": None, "buffer": None, "ram": None}
+        return {**self.__dict__, "fd": None, "buffer": None}
 
 
 _DATA_FILE: list[str] = []
@@ -185,7 +188,47 @@ def data_file(size_bytes: int = 512 << 20) -> str:
             os.fsync(f.fileno())
         atexit.register(shutil.rmtree, folder, True)
         _DATA_FILE.append(path)
+        # Read it all once past the page cache: a freshly written file is slower to read than
+        # the runs after it find it (the VM's host caches it), and the diagnosed run comes first.
+        fd, block = os.open(path, os.O_RDONLY | os.O_DIRECT), mmap.mmap(-1, DiskReads.CHUNK)
+        try:
+            while os.readv(fd, [block]) == DiskReads.CHUNK:
+                pass
+        finally:
+            os.close(fd)
     return _DATA_FILE[0]
+
+
+SLOW_DISK_BYTES_PER_S = 400 << 20
+BLKIO = "/sys/fs/cgroup/blkio"
+
+
+def slow_disk() -> Callable[[], None] | None:
+    """The data file, and this process (the workers it forks inherit it) in a cgroup-v1 blkio
+    group whose reads of that disk are throttled to SLOW_DISK_BYTES_PER_S: a steady slow
+    device (this VM's disk swings 0.8-2.4 GB/s between runs). Returns the undo; None where
+    the throttle is not available (no cgroup v1 blkio, not root): the real disk as it is."""
+    path = data_file()
+    group = os.path.join(BLKIO, "starvewatch-slow-disk")
+    device = os.stat(path).st_dev
+    try:
+        os.makedirs(group, exist_ok=True)
+        with open(os.path.join(group, "blkio.throttle.read_bps_device"), "w") as f:
+            f.write(f"{os.major(device)}:{os.minor(device)} {SLOW_DISK_BYTES_PER_S}")
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    except OSError as exc:
+        print(f"  slow disk not simulated ({exc}); reading the real disk", file=sys.stderr)
+        return None
+
+    def undo():
+        with open(os.path.join(BLKIO, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        try:
+            os.rmdir(group)
+        except OSError:  # a worker still in it: the group goes with the next run's makedirs
+            pass
+    return undo
 
 
 def slow_worker_start(worker_id):
@@ -222,7 +265,7 @@ class Scenario:
     simulated: str | None = None   # what the scenario simulates (GPU, /dev/shm limit), if anything
     expect_finding: tuple | None = None  # (loader, kind): a finding that must be there ("stall": a named hang)
     env: Callable[[], dict] = field(default=lambda: {})
-    prepare: Callable[[], object] | None = None  # set-up before the watched run (a data file)
+    prepare: Callable[[], Callable | None] | None = None  # set-up before the runs; returns its undo
 
 
 def _shm_limit_env(extra_bytes: int) -> Callable[[], dict]:
@@ -285,11 +328,12 @@ SCENARIOS = [
              1, "not", "compute_bound", None, expect_protective=("train", "prefetch_factor", 2, 6),
              simulated="/dev/shm limit (STARVEWATCH_SHM_LIMIT_BYTES)", env=_shm_limit_env(12 * 2**20)),
     Scenario("faster_storage", "faster_storage",
-             "random 1 MiB reads past the page cache (O_DIRECT), 3 workers: the device is the limit",
-             {"train": LoaderSpec(lambda: DiskReads(768, chunks=12), {"batch_size": 4, "num_workers": 3,
-                                                           "persistent_workers": True}, 0.008,
-                                  fixed=lambda: DiskReads(768, chunks=12, in_memory=True))},
-             1, "high", "input_bound_io", ("train", None, "faster_storage"), prepare=data_file),
+             "random 1 MiB reads past the page cache (O_DIRECT) from a 400 MB/s disk, 3 workers",
+             {"train": LoaderSpec(lambda: DiskReads(768, chunks=2), {"batch_size": 4, "num_workers": 3,
+                                                          "persistent_workers": True}, 0.008,
+                                  fixed=lambda: DiskReads(768, chunks=2, in_memory=True))},
+             1, "high", "input_bound_io", ("train", None, "faster_storage"), prepare=slow_disk,
+             simulated="a 400 MB/s disk (the real one throttled: cgroup blkio)"),
     Scenario("plain_iterable", "not_a_dataloader", "batches made by a generator on the training thread",
              {"train": LoaderSpec(lambda: Items(384, sleep_s=0.004), {"batch_size": 8}, 0.016, plain=True)},
              1, "high", "input_bound_io", ("train", None, "DataLoader(num_workers=")),

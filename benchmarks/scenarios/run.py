@@ -206,8 +206,17 @@ def _measure(scenario, base, base_s, label, expected, loader, rec=None, plan=Non
 
 def run_scenario(scenario) -> dict:
     import starvewatch
-    if scenario.prepare is not None:  # outside the watched run: its CPU and I/O are not the scenario's
-        scenario.prepare()
+    # Set-up outside the watched run (its CPU and I/O are not the scenario's), undone at the end.
+    undo = scenario.prepare() if scenario.prepare is not None else None
+    try:
+        return _run_scenario(scenario)
+    finally:
+        if undo is not None:
+            undo()
+
+
+def _run_scenario(scenario) -> dict:
+    import starvewatch
     saved = _with_env(_scenario_env(scenario))
     try:
         base = {name: (None if spec.plain else dict(spec.kwargs)) for name, spec in scenario.loaders.items()}
