@@ -129,8 +129,7 @@ def diagnose(summary: dict, loaders, *, system=None, previous=None, run=None,
     system = system or {}
     facts = [LoaderFacts(part, by_name[part["name"]], system, run, t) for part in summary["loaders"]
              if part["name"] in by_name and part["steps"] > 0]
-    ctx = {"cuda": summary["verdict"].get("gpu_idle_fraction") is not None or bool(system.get("gpu_samples")),
-           "cpu_saturated": (system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct}
+    ctx = {"cuda": summary["verdict"].get("gpu_idle_fraction") is not None or bool(system.get("gpu_samples"))}
     starved = [f for f in facts if f.part["verdict"] in ("moderate", "high")]
     gpu_util = system.get("gpu_util_mean")
     host_bound = not starved and bool(facts) and summary["verdict"]["input_bound"] != "insufficient_data" \

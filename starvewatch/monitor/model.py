@@ -115,6 +115,9 @@ class LoaderFacts:
         self.loading_saturates_cores = bool(self.workers) and not self.workers_keep_up \
             and self.worker_cpu_fraction is not None \
             and self.worker_cpu_fraction * self.workers >= t.cpu_saturated_pct / 100 * self.cores
+        self.host_cpu_saturated = (self.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
+        # Either way more CPU-bound workers cannot get more done.
+        self.cores_saturated = self.host_cpu_saturated or self.loading_saturates_cores
         self.cpu_busy = self._cpu_busy(t)
         # Handing over a ready batch: the wait that remains when workers keep up, measured
         # when the queue had batches ready, else a typical value.
@@ -158,13 +161,11 @@ class LoaderFacts:
         self.gpu_busy_fraction = gpu / 100 if gpu is not None else None
 
     def _busy_threshold(self, t: Thresholds) -> float:
-        saturated = (self.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
-        return t.cpu_busy_fraction_saturated if saturated else t.cpu_busy_fraction
+        return t.cpu_busy_fraction_saturated if self.host_cpu_saturated else t.cpu_busy_fraction
 
     def _cpu_busy(self, t: Thresholds) -> bool | None:
         """Is loading CPU work (decoding, transforms) rather than waiting (reads, sleeps)?"""
-        iowait = self.system.get("iowait_pct_mean")
-        if iowait is not None and iowait >= t.iowait_high_pct:
+        if self.storage_bound:
             return False
         # On a saturated host a CPU-bound fetch is runnable but descheduled much of the time, so
         # its CPU time over wall time falls; a fetch that sleeps on reads stays near zero.

@@ -44,14 +44,14 @@ def more_workers(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     needed = f.workers_needed(t)
     # CPU-bound loading, or any loading on a host whose CPU is saturated (a waking worker
     # waits for a core too): more workers than cores cannot get more done.
-    capped = min(needed, f.cores) if f.cpu_busy or ctx["cpu_saturated"] else needed
+    capped = min(needed, f.cores) if f.cpu_busy or f.host_cpu_saturated else needed
     if capped <= f.workers:
         return []
     kind = "CPU work (decoding, transforms)" if f.cpu_busy else "waiting (reads, latency)"
     reason = (f"loading a batch takes {f.load:.1f} ms of {kind} against {f.compute:.1f} ms of compute; "
               f"{capped} workers keep up (ceil(load / compute x {t.worker_headroom}) = {needed}"
               + (f", capped at {capped} by {f.cores} usable cores"
-                 + (" on a saturated CPU" if ctx["cpu_saturated"] and not f.cpu_busy else "")
+                 + (" on a saturated CPU" if f.host_cpu_saturated and not f.cpu_busy else "")
                  if capped < needed else "") + ")")
     if f.workers == 0:
         reason = "num_workers=0 loads every batch on the training thread: " + reason
@@ -81,8 +81,7 @@ def lighter_transforms(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
         return []
     # The share of a fetch the transforms account for: its CPU time over its wall time; on a
     # saturated host the rest is waiting for a core, caused by the CPU work as well.
-    saturated = (f.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct or f.loading_saturates_cores
-    cpu_share = 1.0 if saturated or f.worker_cpu_fraction is None else f.worker_cpu_fraction
+    cpu_share = 1.0 if f.cores_saturated or f.worker_cpu_fraction is None else f.worker_cpu_fraction
     return [proposal(f, None, "gpu_transforms",
                      f"the transforms are the limit ({f.workers} CPU-bound workers on {f.cores} cores, "
                      f"{f.load:.1f} ms a batch): make them lighter, precompute them, or run them on the GPU "
@@ -94,16 +93,14 @@ def lighter_transforms(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
 def cpu_oversubscribed(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     """More CPU-bound workers than cores on a saturated CPU (the host's, or the cores the
     workers fill themselves): they thrash and hold RAM."""
-    if not f.workers or not f.cpu_busy or f.workers <= f.cores or \
-            not (ctx["cpu_saturated"] or f.loading_saturates_cores):
+    if not f.workers or not f.cpu_busy or f.workers <= f.cores or not f.cores_saturated:
         return []
     host_pct = f.system.get("cpu_pct_mean")
+    why = ([f"{host_pct:.0f}% busy"] if host_pct is not None else []) + \
+        ([f"the workers' loading alone uses {f.worker_cpu_fraction * f.workers:.1f} cores"]
+         if f.loading_saturates_cores else [])
     return [proposal(f, "num_workers", f.cores,
-                     f"{f.workers} CPU-bound workers share {f.cores} cores on a saturated CPU ("
-                     + (f"{host_pct:.0f}% busy" if host_pct is not None else "")
-                     + (", " if host_pct is not None and f.loading_saturates_cores else "")
-                     + (f"the workers' loading alone uses {f.worker_cpu_fraction * f.workers:.1f} cores"
-                        if f.loading_saturates_cores else "") + ")",
+                     f"{f.workers} CPU-bound workers share {f.cores} cores on a saturated CPU ({', '.join(why)})",
                      f.evidence(cpu_pct=f.system.get("cpu_pct_mean")), kind="protective",
                      risk="workers beyond the cores thrash the CPU caches and each holds its own copy of the dataset")]
 
