@@ -209,7 +209,7 @@ def test_run_page_answers_first_and_links_to_its_comparison(collector, browser, 
     hist = _plotly(page, "histogram-graph")
     meta = hist["layout"]["meta"]
     # The 1 s batch is past the axis; on a loaded machine a descheduled batch or two may join it.
-    assert 1 <= meta["overflow"] <= 3, meta
+    assert meta["overflow"] in (1, 2, 3), meta
     assert meta["max"] > 900, meta  # the 1 s batch, in ms
     assert meta["clip"] < hist["range"][1] < meta["max"]  # the axis ends past the clip, before the 1 s batch
     assert sum(hist["data"][0]["y"]) + hist["data"][1]["y"][0] == 60 and hist["data"][1]["y"] == [meta["overflow"]]

@@ -241,16 +241,15 @@ class Tuner:
                 deeper = self.measure(LoaderConfig(workers, 4))
                 if deeper is not None and deeper.usable and rate(deeper) >= rate(trial) * DEEPER_GAIN:
                     self.depth, trial = 4, deeper
-            if trial.usable:
-                if needed and rate(trial) >= needed:
+            if needed and rate(trial) >= needed:
+                return
+            if workers >= 2:
+                # Two doublings in a row that did not pay: refinement looks between. (One
+                # could be noise, or a hand-over cost that more workers then amortize.)
+                misses = misses + 1 if rate(trial) < best * DOUBLING_GAIN else 0
+                if misses >= 2:
                     return
-                if workers >= 2:
-                    # Two doublings in a row that did not pay: refinement looks between. (One
-                    # could be noise, or a hand-over cost that more workers then amortize.)
-                    misses = misses + 1 if rate(trial) < best * DOUBLING_GAIN else 0
-                    if misses >= 2:
-                        return
-                best = max(best, rate(trial))
+            best = max(best, rate(trial))
             workers *= 2
 
     def _refine(self) -> None:
