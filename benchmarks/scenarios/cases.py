@@ -10,6 +10,7 @@ supplies the "fixed" dataset that advice which is not a DataLoader argument stan
 from __future__ import annotations
 
 import atexit
+import functools
 import mmap
 import os
 import random
@@ -155,8 +156,7 @@ class DiskReads(Dataset):
         if self.in_memory:  # a read is one copy out of RAM (as from the page cache)
             self.buffer = bytearray(self.CHUNK)
         else:
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
-            self.buffer = mmap.mmap(-1, self.CHUNK)  # page-aligned, as O_DIRECT needs
+            self.fd, self.buffer = open_direct(self.path)
 
     def __getitem__(self, i):
         if self.buffer is None:  # opened in the worker that reads
@@ -174,29 +174,32 @@ class DiskReads(Dataset):
         return {**self.__dict__, "fd": None, "buffer": None}
 
 
-_DATA_FILE: list[str] = []
+def open_direct(path: str) -> tuple[int, mmap.mmap]:
+    """A descriptor reading past the page cache, and a page-aligned 1 MiB buffer (O_DIRECT
+    needs one)."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECT), mmap.mmap(-1, DiskReads.CHUNK)
 
 
+@functools.cache
 def data_file(size_bytes: int = 512 << 20) -> str:
     """A file of random bytes for DiskReads, written once per harness run, removed at exit."""
-    if not _DATA_FILE:
-        folder = tempfile.mkdtemp(prefix="starvewatch-disk-", dir=os.environ.get("STARVEWATCH_DISK_DIR"))
-        path = os.path.join(folder, "data.bin")
-        with open(path, "wb") as f:
-            for _ in range(size_bytes // DiskReads.CHUNK):
-                f.write(os.urandom(DiskReads.CHUNK))
-            os.fsync(f.fileno())
-        atexit.register(shutil.rmtree, folder, True)
-        _DATA_FILE.append(path)
-        # Read it all once past the page cache: a freshly written file is slower to read than
-        # the runs after it find it (the VM's host caches it), and the diagnosed run comes first.
-        fd, block = os.open(path, os.O_RDONLY | os.O_DIRECT), mmap.mmap(-1, DiskReads.CHUNK)
-        try:
-            while os.readv(fd, [block]) == DiskReads.CHUNK:
-                pass
-        finally:
-            os.close(fd)
-    return _DATA_FILE[0]
+    folder = tempfile.mkdtemp(prefix="starvewatch-disk-", dir=os.environ.get("STARVEWATCH_DISK_DIR"))
+    atexit.register(shutil.rmtree, folder, True)
+    path = os.path.join(folder, "data.bin")
+    with open(path, "wb") as f:
+        for _ in range(size_bytes // DiskReads.CHUNK):
+            f.write(os.urandom(DiskReads.CHUNK))
+        os.fsync(f.fileno())
+    # Read it all once past the page cache: a freshly written file is slower to read than
+    # the runs after it find it (the VM's host caches it), and the diagnosed run comes first.
+    fd, block = open_direct(path)
+    try:
+        while os.readv(fd, [block]) == DiskReads.CHUNK:
+            pass
+    finally:
+        os.close(fd)
+        block.close()
+    return path
 
 
 SLOW_DISK_BYTES_PER_S = 400 << 20
