@@ -194,8 +194,17 @@ def cmd_serve(args) -> int:
     from .monitor.server import serve
     if not args.autostarted:
         print(f"starvewatch collector and dashboard on {settings.url} (db {settings.db_path})", flush=True)
-    serve(settings, autostarted=args.autostarted)
+    serve(settings, autostarted=args.autostarted, ui=dashboard_ui(settings))
     return EXIT_OK
+
+
+def dashboard_ui(settings):
+    """The dashboard, composed onto the collector here where `serve` builds the app: the
+    collector (monitor/) knows no UI, and the dashboard is a client of its query layer."""
+    if not settings.dashboard:
+        return None
+    from .dashboard import mount
+    return mount
 
 
 def cmd_stop(args) -> int:

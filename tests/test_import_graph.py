@@ -1,5 +1,7 @@
-"""The package's import graph, read from the source: no circles, and the collector side
-(monitor/, dashboard/) never imports the training-process side (hooks/).
+"""The package's import graph, read from the source: no circles, the collector side
+(monitor/, dashboard/) never imports the training-process side (hooks/), the collector never
+imports the dashboard (`serve` composes the two), and delivery reads the step records by the
+shared contract (starvewatch/record_layout.py), never by the hooks' internals.
 
 Every import counts, also one inside a function: a deferred import is still an edge. Edges
 follow what Python executes: `from pkg import name` is an edge to the submodule `pkg.name`
@@ -128,11 +130,47 @@ def test_the_collector_side_never_imports_the_hooks(room):
     assert edges == []
 
 
+def test_the_collector_knows_no_ui():
+    graph = import_graph()
+    edges = sorted(f"{source} -> {target}" for source, targets in graph.items()
+                   if _in(source, "starvewatch.monitor")
+                   for target in targets if _in(target, "starvewatch.dashboard"))
+    assert edges == []
+    # ... and the dashboard is still composed onto it, by the entry point that serves it
+    assert "starvewatch.dashboard" in graph["starvewatch.cli"]
+
+
 def test_the_hot_path_imports_nothing_of_the_session_or_of_delivery():
     graph = import_graph()
     assert graph["starvewatch.hooks.loader"] <= {"starvewatch.hooks.introspect",
-                                                "starvewatch.hooks.record_layout"}
-    assert graph["starvewatch.hooks.record_layout"] == set()
+                                                "starvewatch.record_layout"}
+    assert "starvewatch.record_layout" in graph["starvewatch.hooks.loader"]
+    assert graph["starvewatch.record_layout"] == set()
+
+
+# What delivery may take from the rest of hooks/: leaves that import nothing of the package
+# (cuda's PENDING token, the stack dumper), and in the sidecar process alone the samplers'
+# host and GPU readings. The step records' layout is a shared contract outside hooks/.
+DELIVERY_MAY_IMPORT = {
+    "starvewatch.hooks.cuda": None,  # None: any delivery module
+    "starvewatch.hooks.stacks": None,
+    "starvewatch.hooks.samplers": {"starvewatch.hooks.delivery.sidecar"},
+}
+
+
+def test_delivery_reads_contracts_never_the_hooks_internals():
+    graph = import_graph()
+    delivery = {m for m in graph if _in(m, "starvewatch.hooks.delivery")}
+    reached = sorted(f"{m} -> {t}" for m in delivery for t in graph[m]
+                     if _in(t, "starvewatch.hooks") and not _in(t, "starvewatch.hooks.delivery")
+                     and not (t in DELIVERY_MAY_IMPORT
+                              and (DELIVERY_MAY_IMPORT[t] is None or m in DELIVERY_MAY_IMPORT[t])))
+    assert reached == []
+    for leaf, users in DELIVERY_MAY_IMPORT.items():
+        if users is None:
+            assert graph[leaf] == set(), f"{leaf} is no longer a leaf: {sorted(graph[leaf])}"
+    readers = sorted(m for m in delivery if "starvewatch.record_layout" in graph[m])
+    assert "starvewatch.hooks.delivery.records" in readers and "starvewatch.hooks.delivery.shipper" in readers
 
 
 def test_delivery_is_wired_by_the_session_alone_and_never_reaches_back():

@@ -17,7 +17,7 @@ from time import thread_time_ns
 from .introspect import leading_dim
 # The records appended below are laid out as record_layout.py says (FAST_RECORD_LEN from the
 # fast path, FULL_RECORD_LEN from the general one): delivery reads them by those positions.
-from .record_layout import FAST_RECORD_LEN, FULL_RECORD_LEN, Segment  # noqa: F401
+from ..record_layout import FAST_RECORD_LEN, FULL_RECORD_LEN, Segment  # noqa: F401
 
 # Weak references to the iterators of the epochs in progress, innermost last. `step()` and
 # `phase()` attribute to the top one; an epoch that starts while another loader's step is open

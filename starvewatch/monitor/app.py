@@ -9,6 +9,7 @@ import threading
 import time
 import zlib
 from contextlib import asynccontextmanager
+from typing import Callable
 
 from fastapi import FastAPI, HTTPException, Query as Q, Request
 from fastapi.concurrency import run_in_threadpool
@@ -77,7 +78,11 @@ async def read_json_body(request: Request, settings: CollectorSettings) -> bytes
     return body
 
 
-def create_app(settings: CollectorSettings | None = None) -> FastAPI:
+def create_app(settings: CollectorSettings | None = None, *,
+               ui: Callable[[FastAPI, CollectorSettings], None] | None = None) -> FastAPI:
+    """The collector: ingest, API, /metrics. It knows no UI: `ui`, when given, mounts pages on
+    the app (the dashboard, composed by `starvewatch serve` in cli.py) before the guard wraps
+    everything, so the guard sees the UI's requests too."""
     settings = settings or CollectorSettings()
     settings.check()
     state: dict = {}
@@ -237,11 +242,10 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         body, content_type = render(app.state.registry)
         return PlainTextResponse(body, media_type=content_type)
 
-    if settings.dashboard:
-        from ..dashboard import mount
-        mount(app, settings)
+    if ui is not None:
+        ui(app, settings)
 
-    # Added last, so it is the outermost: it sees every request first, the dashboard's too.
+    # Added last, so it is the outermost: it sees every request first, the UI's too.
     app.add_middleware(Guard, settings=settings)
     return app
 

@@ -12,16 +12,17 @@ from .pid_file import PID_FILE, pid_file
 from .settings import CollectorSettings
 
 
-def serve(settings: CollectorSettings, *, autostarted: bool = False) -> None:
+def serve(settings: CollectorSettings, *, autostarted: bool = False, ui=None) -> None:
     """Run in the foreground. The pid file is written and removed by the app's lifespan, so it
-    goes away even though uvicorn re-raises SIGTERM after its graceful shutdown."""
+    goes away even though uvicorn re-raises SIGTERM after its graceful shutdown. `ui` mounts
+    pages on the app (create_app's `ui`): the caller composes the UI, the collector knows none."""
     import uvicorn
 
     from .app import create_app
 
     settings.pid_file_autostarted = autostarted
     _log_to_stderr()
-    app = create_app(settings)
+    app = create_app(settings, ui=ui)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=5)
     uvicorn.Server(config).run()

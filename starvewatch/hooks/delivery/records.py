@@ -14,7 +14,7 @@ from operator import itemgetter, sub
 
 from ...schema import STEP_COLUMNS
 from ...stats import LoaderTotals, RecordStats
-from ..record_layout import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT, expand_reads
+from ...record_layout import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT, expand_reads
 from .account import add_accounts, empty_account
 from .transport import Delivery
 

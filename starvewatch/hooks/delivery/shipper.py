@@ -11,7 +11,7 @@ import time
 from ...logonce import RateLimitedLog
 from ...schema import EVENTS_SCHEMA
 from ..cuda import PENDING
-from ..record_layout import R_GPU, Segment, reads_steps
+from ...record_layout import R_GPU, Segment, reads_steps
 from .records import RecordBook
 from .transport import TransportError
 

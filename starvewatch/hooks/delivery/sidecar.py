@@ -35,7 +35,7 @@ from pathlib import Path
 from ...logonce import RateLimitedLog
 from .account import Warnings
 from .collector_link import find_collector
-from ..record_layout import count_steps
+from ...record_layout import count_steps
 from .records import LocalPipeline
 from ..samplers import HostSampler, _psutil, gpu_reading
 from .transport import Delivery, HttpTransport, Spool, TransportError

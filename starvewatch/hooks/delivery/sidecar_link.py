@@ -22,7 +22,7 @@ from collections import OrderedDict
 
 from ...spool_format import file_name
 from .account import add_accounts, empty_account
-from ..record_layout import count_steps
+from ...record_layout import count_steps
 from .records import CHUNK, LocalPipeline, RecordBook
 from .transport import dumps
 

@@ -1,5 +1,7 @@
 """The layout of a step record: what the hot path (hooks/loader.py) appends to the buffer and
-delivery (hooks/delivery/) reads. A leaf module, so that both import it and not each other.
+delivery (hooks/delivery/) reads. A contract beside the other shared ones (spool_format.py,
+schema.py) and a leaf: both sides import it and not each other, and delivery reads the
+records by it, never by the hooks' internals.
 
 Two layouts, tuples as short as possible (allocation dominates the hot path):
 fast: ((loader index, epoch), step, t_call, t_return, t_next_call, batch size): raw clock
