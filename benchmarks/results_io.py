@@ -46,7 +46,7 @@ def write(record: dict, path: Path | str) -> Path:
 def replace_section(text: str, begin: str, end: str, body: str) -> str:
     """`text` with what lies between the `begin` and `end` markers replaced by `body`."""
     if begin not in text or end not in text:
-        raise SystemExit(f"README.md has no {begin} ... {end} section")
+        raise SystemExit(f"no {begin} ... {end} section in the file")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     return f"{head}{begin}\n{body}{end}{tail}"

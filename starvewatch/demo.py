@@ -75,6 +75,7 @@ def run_demo(quick: bool = False, name: str = "demo", out=None) -> tuple[dict, d
     load_ms, compute_ms = 1.5, 12.0
     dataset = _dataset(items, load_ms)
 
+    _collector_up_first()
     print(f"[1/2] starved configuration: DataLoader(batch_size={batch}, num_workers=0)", file=out, flush=True)
     starvewatch.init(name)
     loader = starvewatch.watch(DataLoader(dataset, batch_size=batch, num_workers=0), name="train")
@@ -91,16 +92,39 @@ def run_demo(quick: bool = False, name: str = "demo", out=None) -> tuple[dict, d
     starvewatch.init(name)
     loader = starvewatch.watch(DataLoader(dataset, **kwargs), name="train")
     _train(loader, epochs, compute_ms)
-    dashboard = _dashboard_base()
+    session = _current_session()
     after = starvewatch.finish()
+    # Read after finish(): the sidecar announces the collector asynchronously, and a quick run
+    # can end before it has.
+    dashboard = _dashboard_base(session)
     print(compare_hint(before["run"]["id"], after["run"]["id"], dashboard), file=out, flush=True)
     return before, after
 
 
-def _dashboard_base() -> str | None:
-    """The collector's dashboard this run reached (None when it ran offline, into the spool)."""
+def _collector_up_first() -> None:
+    """Find (or start, as the first watch() would) the collector before the first run: a quick
+    run lasts about a second, less than a collector's start-up, and would otherwise go to the
+    spool and reach the dashboard only at the collector's next spool sweep."""
+    from .hooks.delivery.collector_link import find_collector
+    from .hooks.delivery.transport import HttpTransport
+    from .hooks.settings import HookSettings
+    settings = HookSettings.from_env()
+    if settings.url is None or settings.disabled:
+        return
+    transport = HttpTransport(settings.url, settings.token, timeout_s=2.0)
+    try:
+        find_collector(settings.url, settings.dir, transport, autostart=settings.autostart, local_rank=0)
+    finally:
+        transport.close()
+
+
+def _current_session():
     from .hooks.session import current_session
-    session = current_session()
+    return current_session()
+
+
+def _dashboard_base(session) -> str | None:
+    """The collector's dashboard this run reached (None when it ran offline, into the spool)."""
     url = session.dashboard_url if session is not None else None
     return url.rsplit("/runs/", 1)[0] if url else None
 

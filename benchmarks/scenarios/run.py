@@ -1,6 +1,6 @@
 """Acceptance benchmark of the diagnosis: known scenarios, expected answers, measured fixes.
 
-    python -m benchmarks.scenarios.run [--only NAME ...] [--readme]
+    python -m benchmarks.scenarios.run [--only NAME ...] [--docs]
 
 Per scenario (benchmarks/scenarios/cases.py), against expectations written down beforehand:
 - the verdict band, the limiting factor, and the top recommendation's loader, parameter and
@@ -13,7 +13,8 @@ Per scenario (benchmarks/scenarios/cases.py), against expectations written down 
   dataset. Only a healthy run may have nothing to measure.
 
 Writes benchmarks/results/scenarios.json (rows with `name`, `ok` and every figure, plus date,
-machine and torch version) and scenarios.md; --readme copies the table into README.md.
+machine and torch version) and scenarios.md; --docs copies the table into the docs site's
+diagnosis page (docs/diagnosis.md, where the README's scenario table moved).
 Exit status 1 when any scenario is off.
 """
 from __future__ import annotations
@@ -296,9 +297,9 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_readme(table: str) -> None:
+def _write_docs(table: str) -> None:
     from benchmarks.results_io import write_readme_section
-    write_readme_section(BEGIN, END, table, ROOT / "README.md")
+    write_readme_section(BEGIN, END, table, ROOT / "docs" / "diagnosis.md")
 
 
 def main() -> int:
@@ -307,7 +308,8 @@ def main() -> int:
     from benchmarks.scenarios.cases import SCENARIOS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", help="scenario names")
-    parser.add_argument("--readme", action="store_true", help="copy the table into README.md")
+    parser.add_argument("--docs", "--readme", action="store_true",
+                        help="copy the table into docs/diagnosis.md (--readme: its former name)")
     args = parser.parse_args()
     unknown = set(args.only or ()) - {s.name for s in SCENARIOS}
     if unknown:
@@ -331,8 +333,8 @@ def main() -> int:
     if not args.only:  # a partial run does not overwrite the full results
         (RESULTS / "scenarios.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
         (RESULTS / "scenarios.md").write_text(table)
-        if args.readme:
-            _write_readme(table)
+        if args.docs:
+            _write_docs(table)
     print(table)
     return 0 if all(r["ok"] for r in rows) else 1
 
