@@ -110,8 +110,6 @@ def api_markdown(document: dict) -> str:
         for method in sorted(operations, key=lambda m: METHOD_ORDER.index(m) if m in METHOD_ORDER else 99):
             op = operations[method]
             lines += [f"## `{method.upper()} {path}`", ""]
-            if op.get("summary"):
-                lines += [f"*{op['summary']}*", ""]
             if op.get("description"):
                 lines += [op["description"].strip(), ""]
             params = op.get("parameters") or []
