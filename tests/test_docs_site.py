@@ -47,7 +47,7 @@ def _text(html_file: Path) -> str:
 
 def test_every_page_of_the_nav_is_built_and_uses_no_web_font(site):
     pages = ["index.html", "getting-started/index.html", "what-it-measures/index.html",
-             "dashboard/index.html", "diagnosis/index.html", "tuning/index.html", "loaders/index.html",
+             "dashboard/index.html", "diagnosis/index.html", "tuning/index.html", "loaders-supported/index.html",
              "fleets/index.html", "reliability/index.html", "security/index.html",
              "performance/index.html", "configuration/index.html", "reference/api/index.html",
              "reference/schemas/index.html", "design/index.html", "changelog/index.html"]
@@ -140,7 +140,7 @@ def test_the_readme_is_a_landing_page_whose_links_all_resolve():
     ("docs/reliability.md", "| fault | effect on training |"),
     ("docs/reliability.md", "| bound | when it is passed | reason |"),
     ("docs/configuration.md", "| variable | meaning |"),
-    ("docs/loaders.md", "| loader | how it is watched |"),
+    ("docs/loaders-supported.md", "| loader | how it is watched |"),
     ("docs/performance.md", "<!-- overhead:begin -->"),           # benchmarks/readme_table.py writes it
 ])
 def test_the_tables_that_left_the_readme_are_on_the_site(page, marker):
