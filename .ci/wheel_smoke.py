@@ -79,9 +79,9 @@ def _package_seen_by(pid: int) -> Path:
 
 
 def demo(starvewatch: str, installed_in: Path | None) -> None:
-    """Run `starvewatch demo --quick` and check what a user would: it ends well, the run went
-    to a collector it started, and that collector (started by the sidecar) serves the API and
-    the dashboard with its stylesheet, from the installed package."""
+    """Run `starvewatch demo --quick` and check what a user would: it ends well, its runs went
+    to the collector it started, and that collector serves the API and the dashboard with its
+    stylesheet, from the installed package. Then a plain script whose sidecar starts one."""
     check = subprocess.run([sys.executable, "-c", "import starvewatch; print(starvewatch.__file__)"],
                            capture_output=True, text=True, check=True)
     package_dir = Path(check.stdout.strip()).parent
@@ -143,6 +143,55 @@ def demo(starvewatch: str, installed_in: Path | None) -> None:
                   f"{info['pid']} served API, dashboard and stylesheet")
         finally:
             # The auto-started collector outlives the demo (that is its job): stop it by its pid file.
+            subprocess.run([starvewatch, "stop", "--dir", str(data_dir)], env=env, cwd=tmp,
+                           capture_output=True, timeout=30)
+    script_with_sidecar(starvewatch, package_dir)
+
+
+# A training loop as a user writes it, that goes on until a collector has been started for it
+# (its pid file appears), within a deadline: the sidecar finds no collector and starts one.
+SCRIPT = """
+import sys, time
+from pathlib import Path
+import starvewatch
+pid_file = Path(sys.argv[1]) / "collector.json"
+deadline = time.monotonic() + 60
+for step in starvewatch.watch(range(1_000_000), name="train"):
+    time.sleep(0.002)
+    if step >= 100 and pid_file.exists() or time.monotonic() > deadline:
+        break
+print(starvewatch.finish()["run"]["id"])
+"""
+
+
+def script_with_sidecar(starvewatch: str, package_dir: Path) -> None:
+    """A plain training script: its sidecar (a process of its own) starts the collector, and
+    both run from the installed package; the run reaches that collector."""
+    with tempfile.TemporaryDirectory(prefix="starvewatch-script-") as tmp:
+        data_dir = Path(tmp) / "data"
+        url = f"http://127.0.0.1:{_free_port()}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("STARVEWATCH_")}
+        env.update(STARVEWATCH_DIR=str(data_dir), STARVEWATCH_URL=url)
+        (Path(tmp) / "train.py").write_text(SCRIPT)
+        try:
+            out = subprocess.run([sys.executable, "train.py", str(data_dir)], cwd=tmp, env=env,
+                                 capture_output=True, text=True, timeout=DEMO_TIMEOUT_S)
+            print(out.stderr, end="", file=sys.stderr)
+            if out.returncode != 0 or "could not start" in out.stderr:
+                raise SystemExit(f"the training script failed ({out.returncode}) or ran without its sidecar")
+            run_id = out.stdout.strip().splitlines()[-1]
+            info = json.loads((data_dir / "collector.json").read_text())
+            seen_from = _package_seen_by(info["pid"])
+            if seen_from != package_dir.resolve():
+                raise SystemExit(f"the collector the sidecar started runs starvewatch from {seen_from}")
+            deadline = time.monotonic() + SWEEP_WAIT_S
+            while run_id not in (ids := [r["id"] for r in json.loads(_get(f"{url}/api/v1/runs")[2])["runs"]]):
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the script's run {run_id} never reached the collector (runs: {ids})")
+                time.sleep(0.5)
+            print(f"wheel smoke: a script's sidecar started the collector (pid {info['pid']}) from "
+                  f"{package_dir}; run {run_id} stored")
+        finally:
             subprocess.run([starvewatch, "stop", "--dir", str(data_dir)], env=env, cwd=tmp,
                            capture_output=True, timeout=30)
 

@@ -78,7 +78,7 @@ def test_the_sdist_holds_what_the_wheel_is_built_from(dist):
     assert _source_modules() <= names, sorted(_source_modules() - names)
 
 
-def test_the_installed_wheel_runs_the_demo_with_its_sidecar_and_collector(dist, tmp_path):
+def test_the_installed_wheel_runs_the_demo_and_a_script_whose_sidecar_starts_the_collector(dist, tmp_path):
     _, wheel = dist
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
@@ -91,6 +91,7 @@ def test_the_installed_wheel_runs_the_demo_with_its_sidecar_and_collector(dist, 
                          cwd=workdir, env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"wheel smoke: demo --quick from {target / 'starvewatch'}" in out.stdout
+    assert "wheel smoke: a script's sidecar started the collector" in out.stdout
 
 
 def test_the_smoke_refuses_a_package_imported_from_the_checkout(tmp_path):
