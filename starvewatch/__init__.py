@@ -7,10 +7,15 @@ collector's web stack are loaded lazily, when used.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable
+
 from .hooks.loader import _PhaseTimer, _StepTimer
 from .hooks.session import finish, init, watch
 from .schema import SUMMARY_SCHEMA
 from .version import __version__
+
+if TYPE_CHECKING:  # for the annotations only: importing tuning would import more than the stdlib
+    from .tuning import TuneResult
 
 __all__ = ["init", "watch", "step", "phase", "finish", "tune", "SUMMARY_SCHEMA", "__version__"]
 
@@ -26,13 +31,13 @@ def step(loader=None):
     return _StepTimer(loader)
 
 
-def phase(name: str):
+def phase(name: str) -> _PhaseTimer:
     """Time a finer phase of the current step (h2d, forward, backward, optimizer...)."""
     return _PhaseTimer(name)
 
 
-def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None = None,
-         run_name: str | None = None, **options):
+def tune(factory: Callable[..., Any], budget_s: float = 60, consumption_batches_per_s: float | None = None,
+         run_name: str | None = None, **options: Any) -> TuneResult:
     """Measure DataLoader configurations on this machine within `budget_s` and pick one.
 
     `factory` builds the DataLoader from keyword arguments (num_workers, prefetch_factor,
