@@ -229,7 +229,8 @@ def test_webloader_is_measured_and_keeps_its_length_and_fluent_interface(shards)
     import webdataset as wds
 
     def make():
-        return wds.WebLoader(_webdataset(shards).batched(BATCH), batch_size=None, num_workers=2).with_length(16)
+        loader = wds.WebLoader(_webdataset(shards).batched(BATCH), batch_size=None, num_workers=2)
+        return loader.with_length(N // BATCH, silent=True)
 
     expected = [plain(b) for b in make()]
     watched = starvewatch.watch(make(), "train")
@@ -281,4 +282,52 @@ def test_hf_streaming_dataset_from_local_files_is_measured(tmp_path):
     loader = assert_measured(summary, "train", batches, truth)
     assert loader["config"]["dataset"] == "IterableDataset"
     assert worker_batches(summary, "train") == [8, 8]  # 2 shards each
+    assert finding_kinds(summary, "train") == []
+
+
+# ---- LitData --------------------------------------------------------------------------------
+# litdata declares torchvision, which fails to import against this CPU torch; litdata itself
+# imports it only for image and video serializers. .ci/run installs litdata without it.
+_OPTIMIZE = """
+import sys, torch, litdata
+def sample(i):
+    return {"index": i, "x": torch.tensor([float(i)])}
+if __name__ == "__main__":
+    litdata.optimize(fn=sample, inputs=list(range(int(sys.argv[2]))), output_dir=sys.argv[1],
+                     chunk_bytes="64KB", num_workers=1, start_method="fork")
+"""
+
+
+def test_litdata_streaming_dataloader_is_measured_and_resumes(tmp_path):
+    import litdata
+    # optimize() sets the process's multiprocessing start method: in a process of its own.
+    done = subprocess.run([sys.executable, "-c", _OPTIMIZE, str(tmp_path / "optimized"), str(N)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def make():
+        dataset = litdata.StreamingDataset(str(tmp_path / "optimized"), transform=slow_sample)
+        return litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=2)
+
+    expected = [plain(b) for b in make()]
+    watched = starvewatch.watch(make(), "train")
+    assert isinstance(watched, litdata.StreamingDataLoader) and len(watched) == N // BATCH
+    batches, truth = timed_epoch(watched)
+    assert batches == expected and len(batches) == N // BATCH
+    assert sorted(i for b in batches for i in b["index"]) == list(range(N))
+
+    first = starvewatch.watch(make(), "checkpointed")
+    it = iter(first)
+    head = [plain(next(it)) for _ in range(6)]
+    state = first.state_dict()
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    tail = [plain(b) for b in starvewatch.watch(resumed, "resumed")]
+    assert head + tail == expected
+
+    summary = starvewatch.finish()
+    loader = assert_measured(summary, "train", batches, truth)
+    assert loader["config"]["dataset"] == "StreamingDataset" and loader["config"]["num_workers"] == 2
+    assert worker_batches(summary, "train") == [8, 8]
     assert finding_kinds(summary, "train") == []
