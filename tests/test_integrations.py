@@ -1,13 +1,18 @@
 """Framework integrations: Lightning and Hugging Face callbacks on tiny real models (CPU), the
 accelerate one-liner, and that none of them costs anything when not used."""
+import csv
 import importlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from time import perf_counter_ns
 
 import pytest
+
+import starvewatch
 
 from .conftest import free_port, wait_until
 
@@ -49,12 +54,42 @@ def test_a_missing_framework_says_how_to_install_it(monkeypatch, module, blocked
 
 
 # ---- Lightning -----------------------------------------------------------------------------
+def _csv_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+
+
 def test_lightning_callback_watches_train_and_val_and_finishes_with_the_trainer(tmp_path):
-    env = {**os.environ, "SW_NAME": "lightning-one"}
+    """Also: the figures reach the trainer's loggers (Lightning's CSVLogger, read back from the
+    file it wrote) every 4 training batches, and the final ones and the verdict at the end."""
+    env = {**os.environ, "SW_NAME": "lightning-one", "SW_CSV_DIR": str(tmp_path / "logs"), "SW_LOG_EVERY": "4",
+           "STARVEWATCH_SHIP_INTERVAL_S": "0.05"}
     done = subprocess.run([sys.executable, str(PROGRAMS / "lightning_train.py")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])["summary"]
+    rows = [row for row in _csv_rows(tmp_path / "logs" / "csv" / "version_0" / "metrics.csv")
+            if "starvewatch/verdict_level" in row]
+    # 32 training batches, one log every 4 (steps 4, 8 ... 32), then the final figures.
+    assert [int(row["step"]) for row in rows] == [4, 8, 12, 16, 20, 24, 28, 32, 32]
+    final, live = rows[-1], [row for row in rows[:-1] if "starvewatch/train/input_wait_fraction" in row]
+    assert float(final["starvewatch/input_wait_fraction"]) == pytest.approx(summary["verdict"]["input_wait_fraction"])
+    loaders = _loaders(summary)
+    for name in ("train", "val"):
+        assert float(final[f"starvewatch/{name}/input_wait_fraction"]) == pytest.approx(loaders[name]["input_wait_fraction"])
+        assert float(final[f"starvewatch/{name}/batches_per_s"]) == pytest.approx(loaders[name]["batches_per_s"])
+    bands = ("insufficient_data", "not", "moderate", "high")
+    assert float(final["starvewatch/verdict_level"]) == bands.index(summary["verdict"]["input_bound"])
+    # The live figures are the run's own, read while it ran: most logs had records to show,
+    # and the last one agrees with the final figure (the same steady loader).
+    assert len(live) >= 4, rows
+    assert float(live[-1]["starvewatch/train/input_wait_fraction"]) == pytest.approx(
+        loaders["train"]["input_wait_fraction"], abs=0.1)
+    assert [float(row["starvewatch/train/batches_per_s"]) > 0 for row in live] == [True] * len(live)
+    hparams = (tmp_path / "logs" / "csv" / "version_0" / "hparams.yaml").read_text()
+    assert f"starvewatch/verdict: {summary['verdict']['input_bound']}" in hparams
+    top = summary["recommendations"][0] if summary["recommendations"] else None
+    assert "starvewatch/recommendation: " + (f"'{top['loader']}: " if top else "none") in hparams
     assert summary["run"]["name"] == "lightning-one" and summary["run"]["status"] == "finished"
     loaders = _loaders(summary)
     assert sorted(loaders) == ["train", "val"]
@@ -96,7 +131,10 @@ def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed
 
 # ---- Hugging Face ----------------------------------------------------------------------------
 def test_transformers_trainer_callback_and_the_accelerate_one_liner(tmp_path):
-    env = {**os.environ, "SW_EVAL": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    """Also: watch_trainer puts the figures in the Trainer's logs (every 4 steps, as the Trainer
+    logs), into state.log_history and to the callbacks that stand where report_to's stand."""
+    env = {**os.environ, "SW_EVAL": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "SW_LOG_STEPS": "4",
+           "STARVEWATCH_SHIP_INTERVAL_S": "0.05"}
     done = subprocess.run([sys.executable, str(PROGRAMS / "hf_train.py"), str(tmp_path / "out")], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -114,3 +152,24 @@ def test_transformers_trainer_callback_and_the_accelerate_one_liner(tmp_path):
     acc = _loaders(result["accelerate"])
     assert result["accelerate"]["run"]["name"] == "accelerate-tiny"
     assert (acc["train"]["steps"], acc["train"]["epochs"]) == (12, 1)
+
+    # The Trainer logged at steps 4, 8 ... 24, after each evaluation, and at the end.
+    history, reported = result["log_history"], result["reported"]
+    with_figures = [entry for entry in history if "starvewatch/verdict_level" in entry]
+    assert len(with_figures) == len(history) == 6 + 2 + 1, history
+    # The reporting callbacks were given the same figures as log_history holds.
+    ours = lambda entry: {k: v for k, v in entry.items() if k.startswith("starvewatch/")}  # noqa: E731
+    assert [ours(entry) for entry in reported] == [ours(entry) for entry in history]
+    final = history[-1]
+    assert "train_runtime" in final and final["step"] == 24
+    assert final["starvewatch/input_wait_fraction"] == pytest.approx(trainer["verdict"]["input_wait_fraction"])
+    for name in ("train", "val"):
+        assert final[f"starvewatch/{name}/input_wait_fraction"] == pytest.approx(loaders[name]["input_wait_fraction"])
+        assert final[f"starvewatch/{name}/batches_per_s"] == pytest.approx(loaders[name]["batches_per_s"])
+    assert final["starvewatch/verdict"] == trainer["verdict"]["input_bound"]
+    top = trainer["recommendations"][0] if trainer["recommendations"] else None
+    assert final["starvewatch/recommendation"].startswith(f"{top['loader']}: " if top else "none")
+    live = [entry for entry in with_figures[:-1] if "starvewatch/train/input_wait_fraction" in entry]
+    assert len(live) >= 4, history
+    assert live[-1]["starvewatch/train/input_wait_fraction"] == pytest.approx(
+        loaders["train"]["input_wait_fraction"], abs=0.1)
