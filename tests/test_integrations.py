@@ -53,6 +53,54 @@ def test_a_missing_framework_says_how_to_install_it(monkeypatch, module, blocked
     monkeypatch.delitem(sys.modules, module, raising=False)
 
 
+# ---- the figures the integrations log: this process's run, read while it runs ----------------
+class _SlowItems:
+    """A map-style dataset whose items take 2 ms each to load (torch-free until used)."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        import torch
+        time.sleep(0.002)
+        return torch.tensor([float(i)])
+
+
+def test_live_figures_are_the_loops_own_measure_while_it_runs():
+    from torch.utils.data import DataLoader
+    from starvewatch.hooks.live import live_figures
+    assert live_figures() is None  # no run in this process yet
+    loader = starvewatch.watch(DataLoader(_SlowItems(), batch_size=2), "train")
+    wait_ns = compute_ns = 0
+    t = perf_counter_ns()
+    it = iter(loader)
+    while True:  # the loop times itself: time in next() (with the StopIteration) against the rest
+        try:
+            next(it)
+        except StopIteration:
+            wait_ns += perf_counter_ns() - t
+            break
+        t1 = perf_counter_ns()
+        wait_ns += t1 - t
+        time.sleep(0.003)
+        t = perf_counter_ns()
+        compute_ns += t - t1
+    truth = wait_ns / (wait_ns + compute_ns)
+    # The figures follow the records as they are processed (within a shipping interval).
+    figures = wait_until(lambda: (f := live_figures()) and f["loaders"]["train"]["steps"] == 20 and f,
+                         what="the 20 steps in the live figures")
+    train = figures["loaders"]["train"]
+    assert train["input_wait_fraction"] == pytest.approx(truth, abs=0.02)
+    assert figures["input_wait_fraction"] == pytest.approx(truth, abs=0.02)
+    assert train["batches_per_s"] == pytest.approx(20 / ((wait_ns + compute_ns) / 1e9), rel=0.05)
+    assert figures["verdict"] == train["verdict"] == "high"  # ~40% of the loop waits (>= 20%)
+    summary = starvewatch.finish()
+    assert live_figures() is None  # the run ended
+    final = _loaders(summary)["train"]
+    assert train["input_wait_fraction"] == pytest.approx(final["input_wait_fraction"], rel=1e-9)
+    assert train["batches_per_s"] == pytest.approx(final["batches_per_s"], rel=1e-9)
+
+
 # ---- Lightning -----------------------------------------------------------------------------
 def _csv_rows(path: Path) -> list[dict]:
     with open(path, newline="") as f:
@@ -102,6 +150,20 @@ def test_lightning_callback_watches_train_and_val_and_finishes_with_the_trainer(
     # between batches is reported apart, as other_ms (an unmarked loop has none).
     assert loaders["train"]["other_ms_total"] > 0
     assert loaders["val"]["other_ms_total"] == 0
+
+
+def test_lightning_callback_with_log_figures_off_logs_nothing_of_its_own(tmp_path):
+    env = {**os.environ, "SW_NAME": "lightning-quiet", "SW_CSV_DIR": str(tmp_path / "logs"), "SW_LOG_EVERY": "2",
+           "SW_LOG_FIGURES": "0", "STARVEWATCH_SHIP_INTERVAL_S": "0.05"}
+    done = subprocess.run([sys.executable, str(PROGRAMS / "lightning_train.py")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _loaders(json.loads(done.stdout.strip().splitlines()[-1])["summary"])["train"]["steps"] == 32
+    written = tmp_path / "logs" / "csv" / "version_0"
+    rows = _csv_rows(written / "metrics.csv")
+    assert [row["step"] for row in rows if "val_loss" in row] == ["15", "31"]  # Lightning's own, per epoch
+    assert not [key for row in rows for key in row if key.startswith("starvewatch/")], rows
+    assert not (written / "hparams.yaml").exists()  # nothing logged as hyperparameters: no verdict, no text
 
 
 def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed_sampler(collector, tmp_path):
