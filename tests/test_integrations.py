@@ -193,10 +193,11 @@ def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed
 
 # ---- Hugging Face ----------------------------------------------------------------------------
 def test_transformers_trainer_callback_and_the_accelerate_one_liner(tmp_path):
-    """Also: watch_trainer puts the figures in the Trainer's logs (every 4 steps, as the Trainer
-    logs), into state.log_history and to the callbacks that stand where report_to's stand."""
+    """Also: watch_trainer puts the figures in the Trainer's logs (the Trainer logs every 4 steps;
+    the figures ride along at most every 8, under the prefix asked for), into state.log_history and
+    to the callbacks that stand where report_to's stand; with log_figures=False, nothing."""
     env = {**os.environ, "SW_EVAL": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "SW_LOG_STEPS": "4",
-           "STARVEWATCH_SHIP_INTERVAL_S": "0.05"}
+           "SW_LOG_EVERY": "8", "SW_LOG_PREFIX": "sw.", "STARVEWATCH_SHIP_INTERVAL_S": "0.05"}
     done = subprocess.run([sys.executable, str(PROGRAMS / "hf_train.py"), str(tmp_path / "out")], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -215,23 +216,26 @@ def test_transformers_trainer_callback_and_the_accelerate_one_liner(tmp_path):
     assert result["accelerate"]["run"]["name"] == "accelerate-tiny"
     assert (acc["train"]["steps"], acc["train"]["epochs"]) == (12, 1)
 
-    # The Trainer logged at steps 4, 8 ... 24, after each evaluation, and at the end.
+    # The Trainer logged at steps 4, 8 ... 24, after each evaluation (at 12 and 24), and at the
+    # end; the figures came with the first log, then with the first log 8 steps or more after
+    # the last one that had them, and with the final log.
     history, reported = result["log_history"], result["reported"]
-    with_figures = [entry for entry in history if "starvewatch/verdict_level" in entry]
-    assert len(with_figures) == len(history) == 6 + 2 + 1, history
+    assert [entry["step"] for entry in history] == [4, 8, 12, 12, 16, 20, 24, 24, 24], history
+    assert ["sw.verdict_level" in entry for entry in history] == [True, False, True, False, False, True,
+                                                                    False, False, True], history
+    assert not [key for entry in history for key in entry if key.startswith("starvewatch/")]
     # The reporting callbacks were given the same figures as log_history holds.
-    ours = lambda entry: {k: v for k, v in entry.items() if k.startswith("starvewatch/")}  # noqa: E731
+    ours = lambda entry: {k: v for k, v in entry.items() if k.startswith("sw.")}  # noqa: E731
     assert [ours(entry) for entry in reported] == [ours(entry) for entry in history]
     final = history[-1]
-    assert "train_runtime" in final and final["step"] == 24
-    assert final["starvewatch/input_wait_fraction"] == pytest.approx(trainer["verdict"]["input_wait_fraction"])
+    assert "train_runtime" in final
+    assert final["sw.input_wait_fraction"] == pytest.approx(trainer["verdict"]["input_wait_fraction"])
     for name in ("train", "val"):
-        assert final[f"starvewatch/{name}/input_wait_fraction"] == pytest.approx(loaders[name]["input_wait_fraction"])
-        assert final[f"starvewatch/{name}/batches_per_s"] == pytest.approx(loaders[name]["batches_per_s"])
-    assert final["starvewatch/verdict"] == trainer["verdict"]["input_bound"]
+        assert final[f"sw.{name}/input_wait_fraction"] == pytest.approx(loaders[name]["input_wait_fraction"])
+        assert final[f"sw.{name}/batches_per_s"] == pytest.approx(loaders[name]["batches_per_s"])
+    assert final["sw.verdict"] == trainer["verdict"]["input_bound"]
     top = trainer["recommendations"][0] if trainer["recommendations"] else None
-    assert final["starvewatch/recommendation"].startswith(f"{top['loader']}: " if top else "none")
-    live = [entry for entry in with_figures[:-1] if "starvewatch/train/input_wait_fraction" in entry]
-    assert len(live) >= 4, history
-    assert live[-1]["starvewatch/train/input_wait_fraction"] == pytest.approx(
-        loaders["train"]["input_wait_fraction"], abs=0.1)
+    assert final["sw.recommendation"].startswith(f"{top['loader']}: " if top else "none")
+    # The live figures at step 20 are the run's own, read while it ran.
+    assert history[5]["sw.train/input_wait_fraction"] == pytest.approx(loaders["train"]["input_wait_fraction"], abs=0.1)
+    assert result["log_left_alone"] is True

@@ -59,11 +59,18 @@ class Reporter(TrainerCallback):
 reporter = Reporter()
 trainer.add_callback(reporter)
 if os.environ.get("SW_EVAL") == "1":
-    callback = watch_trainer(trainer, "hf-tiny")
+    every = os.environ.get("SW_LOG_EVERY")
+    callback = watch_trainer(trainer, "hf-tiny", log_prefix=os.environ.get("SW_LOG_PREFIX", "starvewatch/"),
+                             log_every_n_steps=int(every) if every else None)
 else:
     callback = StarvewatchCallback("hf-tiny")
     trainer.add_callback(callback)
 trainer.train()
+
+# With log_figures=False, watch_trainer leaves the Trainer's log as it is.
+quiet_trainer = Trainer(model=model, args=args, train_dataset=Tokens(TRAIN), eval_dataset=Tokens(EVAL))
+watch_trainer(quiet_trainer, "hf-quiet", log_figures=False)
+log_left_alone = quiet_trainer.log.__func__ is Trainer.log
 
 # accelerate: one added line around the loader `prepare` returns.
 from accelerate import Accelerator
@@ -82,4 +89,4 @@ for batch in loader:
     optimizer.zero_grad()
 print(json.dumps({"trainer": callback.summary, "accelerate": starvewatch.finish(),
                   "loader_type": type(loader).__name__, "log_history": trainer.state.log_history,
-                  "reported": reporter.logs}), flush=True)
+                  "reported": reporter.logs, "log_left_alone": log_left_alone}), flush=True)
