@@ -13,6 +13,7 @@ samples it served, is reported.
 """
 from __future__ import annotations
 
+from ..schema import MODERATE_FRACTION
 from ..shards import compare_readers, duplicated
 
 MIN_POINTS = 4               # memory readings of one worker process before judging its growth
@@ -227,14 +228,17 @@ def _shard_cause(by_worker: bool, by_rank: bool) -> str:
     return "not sharded by worker" if by_worker else "not sharded by rank"
 
 
-def shard_findings(worker_events: list[dict]) -> list[dict]:
+def shard_findings(worker_events: list[dict], configs: dict[str, dict | None] | None = None) -> list[dict]:
     """Readers of an IterableDataset that yield the same batches: each sample read N times.
     Workers of one process are compared in that process ("shard_check"); the ranks of a job
-    here, from the hashes each rank's workers sent ("shard_hashes")."""
+    here, from the hashes each rank's workers sent ("shard_hashes"). Not for resampled shards
+    (webdataset's `resampled=True` samples shards with replacement: repeats are its design)."""
     within: dict[str, dict] = {}
     hashes: dict[str, dict[int, list[list[int]]]] = {}
     for event in worker_events:
         loader = event.get("loader")
+        if ((configs or {}).get(loader) or {}).get("shards_resampled"):
+            continue
         if event.get("shard_check"):
             # The worst rank speaks for the loader (ranks run the same code).
             old = within.get(loader)
@@ -275,13 +279,88 @@ def shard_findings(worker_events: list[dict]) -> list[dict]:
     return out
 
 
+IDLE_SHARE = 0.25       # of a worker's fair share of the batches: under it, the worker idles
+MIN_IDLE_BATCHES = 8    # batches served by all workers before judging how they were shared
+
+
+def _latest_workers(worker_events: list[dict]) -> dict[tuple, list[dict]]:
+    """(loader, rank) -> the workers of its latest snapshot (their counters are cumulative)."""
+    latest: dict[tuple, list[dict]] = {}
+    for event in worker_events:
+        if event.get("workers"):
+            latest[(event.get("loader"), event.get("rank", 0))] = event["workers"]
+    return latest
+
+
+def idle_worker_findings(worker_events: list[dict], configs: dict[str, dict | None],
+                         waits: dict[str, float | None], world_size: int = 1,
+                         duplicated_loaders: frozenset = frozenset()) -> list[dict]:
+    """Workers that served no batch, or under a quarter of their fair share, while the loop
+    waited for data. The cause where it can be read: an IterableDataset with fewer shards
+    (webdataset's URL list, `datasets`' num_shards) than workers x ranks leaves readers without
+    a shard. Not for resampled shards (no reader runs out), nor for a loader whose workers read
+    the same shards (duplicated_shards: they all serve, each a copy)."""
+    out = []
+    world = max(1, int(world_size or 1))
+    for (loader, rank), workers in sorted(_latest_workers(worker_events).items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        config = configs.get(loader) or {}
+        count = config.get("num_workers") or len(workers)
+        wait = waits.get(loader)
+        if count < 2 or config.get("shards_resampled") or loader in duplicated_loaders \
+                or wait is None or wait < MODERATE_FRACTION or any(f["loader"] == loader for f in out):
+            continue
+        served = [int(w.get("batches") or 0) for w in workers[:count]]
+        total = sum(served)
+        if total < MIN_IDLE_BATCHES:
+            continue
+        idle = [i for i, batches in enumerate(served) if batches < IDLE_SHARE * total / count]
+        if not idle:
+            continue
+        shards, readers = config.get("dataset_shards"), count * world
+        too_few = isinstance(shards, int) and shards < readers
+        none_served = all(served[i] == 0 for i in idle)
+        what = "served no batches" if none_served else "served under a quarter of their share of the batches"
+        ranks = f" x {world} ranks" if world > 1 else ""
+        if too_few:
+            cause = (f"the dataset has {shards} shard{'s' if shards != 1 else ''} for {count} workers{ranks} "
+                     f"= {readers} readers: a reader without a shard has nothing to read, and more "
+                     f"workers would find none either")
+            usable = max(1, shards // world)
+            fix = (f"Reshard into at least {readers} shards (a multiple of {readers} keeps them even): "
+                   f"webdataset, write more, smaller tar shards; Hugging Face datasets, "
+                   f"`dataset.reshard()` (Parquet) or `to_iterable_dataset(num_shards={readers})`. "
+                   f"Or DataLoader(..., num_workers={usable}): a worker without a shard costs "
+                   f"memory and start-up and loads nothing.")
+        else:
+            cause = ("their iterators ended early or yielded little: the IterableDataset splits its "
+                     "data unevenly among the workers")
+            fix = ("Split the data evenly among the workers (torch.utils.data.get_worker_info(): worker "
+                   "`id` of `num_workers` reads samples id, id + num_workers, ...), or use fewer workers.")
+        out.append({
+            "kind": "idle_workers", "loader": loader, "severity": "warning",
+            "title": (f"{len(idle)} of {count} DataLoader workers of '{loader}' {what} while the loop "
+                      f"waited for data {100 * wait:.0f}% of the time: {cause}"),
+            "detail": {"workers": count, "idle_workers": idle, "active_workers": count - len(idle),
+                       "batches_per_worker": served, "dataset_shards": shards, "world_size": world,
+                       "readers": readers, "cause": "too_few_shards" if too_few else "uneven_split",
+                       "rank": rank},
+            "fix": fix,
+        })
+    return out
+
+
 def findings_from(worker_events: list[dict], configs: dict[str, dict | None],
-                  system: dict | None = None) -> list[dict]:
-    """Every finding of a run, from its "workers" events (summary["findings"])."""
+                  system: dict | None = None, *, waits: dict[str, float | None] | None = None,
+                  world_size: int = 1) -> list[dict]:
+    """Every finding of a run, from its "workers" events (summary["findings"]); `waits`: each
+    loader's input-wait fraction (idle workers matter while the loop waits)."""
     mem_total = (system or {}).get("mem_total_bytes")
     shm = shm_findings(worker_events, configs, system)
+    shards = shard_findings(worker_events, configs)
+    idle = idle_worker_findings(worker_events, configs, waits or {}, world_size,
+                                frozenset(f["loader"] for f in shards))
     return (memory_growth_findings(worker_memory_series(worker_events), configs, mem_total)
-            + shm + sigbus_findings(worker_events, configs, shm, system) + shard_findings(worker_events))
+            + shm + sigbus_findings(worker_events, configs, shm, system) + shards + idle)
 
 
 def stack_frames(stack: str | None) -> list[str]:
