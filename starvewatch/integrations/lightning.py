@@ -102,7 +102,8 @@ class StarvewatchCallback(_pl.Callback):
 
     # ---- the figures, through the trainer's loggers -----------------------------------------
     def _log(self, trainer, figures, final: bool = False) -> None:
-        """Never raises: a logger that fails costs this log line, not the training."""
+        """Never raises: a logger that fails costs its own log line, not the other loggers' nor
+        the training (one warning an hour says so)."""
         loggers = list(getattr(trainer, "loggers", None) or [])
         if not loggers:
             return
@@ -115,13 +116,18 @@ class StarvewatchCallback(_pl.Callback):
             if final:
                 text = {f"{self.log_prefix}verdict": current["verdict"],
                         f"{self.log_prefix}recommendation": top_recommendation(self.summary) or "none"}
-            for logger in loggers:
+        except Exception as exc:
+            _failures.error("figures", "starvewatch: reading the figures to log failed: %s: %s",
+                            type(exc).__name__, exc)
+            return
+        for logger in loggers:
+            try:
                 logger.log_metrics(values, step=trainer.global_step)
                 if text is not None:
                     logger.log_hyperparams(text)
-        except Exception as exc:
-            _failures.error("log", "starvewatch: logging the figures through the trainer's loggers failed: %s: %s",
-                            type(exc).__name__, exc)
+            except Exception as exc:
+                _failures.error(f"log {type(logger).__name__}", "starvewatch: logging the figures through %s "
+                                "failed: %s: %s", type(logger).__name__, type(exc).__name__, exc)
 
     def _log_every(self, trainer) -> int:
         if self.log_every_n_steps is not None:
