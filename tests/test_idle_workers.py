@@ -80,7 +80,7 @@ def test_webdataset_with_fewer_shards_than_workers_is_found_and_not_given_more_w
     assert idle["kind"] == "idle_workers"
     assert idle["detail"] == {"workers": 2, "idle_workers": [1], "active_workers": 1, "batches_per_worker": [32, 0],
                               "dataset_shards": 1, "world_size": 1, "readers": 2, "cause": "too_few_shards",
-                              "rank": 0}
+                              "rank": 0, "idle_ranks": [], "batches_per_rank": {"0": 32}}
     assert "1 of 2 DataLoader workers of 'one_shard' served no batches" in idle["title"]
     assert "1 shard for 2 workers" in idle["title"]
     assert "at least 2 shards" in idle["fix"] and "num_workers=1" in idle["fix"]
@@ -149,6 +149,20 @@ def test_idle_workers_are_judged_only_while_the_loop_waits():
                                    world_size=2)
     assert (found["detail"]["readers"], found["detail"]["rank"], found["detail"]["cause"]) == (4, 1, "too_few_shards")
     assert "served under a quarter of their share" in found["title"] and "x 2 ranks" in found["title"]
+    # Across ranks (the collector's view): rank 1 served nothing while rank 0 served 32; named,
+    # whether or not the loop waited (the other ranks wait for it in the collective, not for data).
+    both = [{"loader": "train", "rank": 0, "workers": [{"id": 0, "batches": 16}, {"id": 1, "batches": 16}]},
+            {"loader": "train", "rank": 1, "workers": [{"id": 0, "batches": 0}, {"id": 1, "batches": 0}]}]
+    for wait in (0.0, 0.3):
+        [found] = idle_worker_findings(both, {"train": {"num_workers": 2, "dataset_shards": 2}}, {"train": wait},
+                                       world_size=2)
+        assert (found["detail"]["idle_ranks"], found["detail"]["batches_per_rank"]) == ([1], {"0": 32, "1": 0})
+        assert (found["detail"]["rank"], found["detail"]["idle_workers"], found["detail"]["active_workers"]) == (1, [0, 1], 0)
+        assert found["title"].startswith("rank 1 of 'train'")
+        assert "rank 1 of 'train' served 0 batches against 32 on the busiest rank" in found["title"]
+    even = [both[0], {**both[0], "rank": 1}]
+    assert idle_worker_findings(even, {"train": {"num_workers": 2, "dataset_shards": 4}}, {"train": 0.3},
+                                world_size=2) == []
     # Resampled shards, or a loader whose workers read copies of each other: never.
     assert idle_worker_findings(events, {"train": {"num_workers": 2, "shards_resampled": True}}, {"train": 0.3}) == []
     assert idle_worker_findings(events, config, {"train": 0.3}, duplicated_loaders=frozenset({"train"})) == []
