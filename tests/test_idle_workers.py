@@ -78,9 +78,13 @@ def test_webdataset_with_fewer_shards_than_workers_is_found_and_not_given_more_w
 
     [idle] = findings_of(summary, "one_shard")
     assert idle["kind"] == "idle_workers"
+    predicted = idle["detail"].pop("expected_speedup_resharded")
     assert idle["detail"] == {"workers": 2, "idle_workers": [1], "active_workers": 1, "batches_per_worker": [32, 0],
                               "dataset_shards": 1, "world_size": 1, "readers": 2, "cause": "too_few_shards",
                               "rank": 0, "idle_ranks": [], "batches_per_rank": {"0": 32}}
+    # Resharding's speed-up, from the active worker's measured load time: every worker serving
+    # can only help (how close it comes is for the benchmark harness, not a timed test).
+    assert predicted > 1.0
     assert "1 of 2 DataLoader workers of 'one_shard' served no batches" in idle["title"]
     assert "1 shard for 2 workers" in idle["title"]
     assert "at least 2 shards" in idle["fix"] and "num_workers=1" in idle["fix"]

@@ -100,6 +100,17 @@ def _without_idle_workers(proposals: list[dict], summary: dict) -> list[dict]:
     return [p for p in proposals if not (p["loader"] in starved_of_shards and adds_workers(p))]
 
 
+def _predict_resharding(summary: dict, facts: dict[str, LoaderFacts]) -> None:
+    """For workers idle for lack of shards: the speed-up of resharding (every configured worker
+    serving), from the active workers' measured load time (the idle ones measured none)."""
+    for finding in summary.get("findings") or []:
+        if finding.get("kind") != "idle_workers" or finding["detail"].get("cause") != "too_few_shards":
+            continue
+        f = facts.get(finding["loader"])
+        if f is not None and f.workers and f.worker_load:
+            finding["detail"]["expected_speedup_resharded"] = round(speedup(f, f.config), 3)
+
+
 def _predict(recs: list[dict], facts: dict[str, LoaderFacts], t: Thresholds) -> list[dict]:
     """Each speed-up alone, through the model over the changed configuration; under the
     minimum gain it is dropped. Protective advice claims no gain."""
@@ -177,6 +188,7 @@ def diagnose(summary: dict, loaders, *, system=None, previous=None, run=None,
             r.pop("risk", None)
     summary["recommendations"] = recs
     summary["plans"] = _plans(recs, {f.name: f for f in facts})
+    _predict_resharding(summary, {f.name: f for f in facts})
     summary["verification"] = verify(previous, summary) if previous else None
 
 
