@@ -57,6 +57,7 @@ class StarvewatchCallback(_transformers.TrainerCallback):
         set_rank_env(getattr(args, "process_index", None), getattr(args, "world_size", None),
                      getattr(args, "local_process_index", None))
         starvewatch.init(self.name, url=self.url)
+        self._figures_step = None  # a new training: its steps count from here
         self._watch_train(train_dataloader)
 
     def on_epoch_begin(self, args, state, control, train_dataloader=None, **kwargs):
