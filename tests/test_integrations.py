@@ -111,8 +111,11 @@ def test_lightning_callback_watches_train_and_val_and_finishes_with_the_trainer(
     """Also: the figures reach the trainer's loggers (Lightning's CSVLogger, read back from the
     file it wrote) every 4 training batches, and the final ones and the verdict at the end; a
     logger that refuses them before the CSVLogger costs one warning, not the CSV's rows."""
+    # The live figures follow the records processed so far. With the sidecar (the default, tried
+    # by test_live_figures_...) that is once the sidecar has started, which takes seconds on a
+    # loaded machine, longer than this run: here the records are processed in this process.
     env = {**os.environ, "SW_NAME": "lightning-one", "SW_CSV_DIR": str(tmp_path / "logs"), "SW_LOG_EVERY": "4",
-           "STARVEWATCH_SHIP_INTERVAL_S": "0.05"}
+           "STARVEWATCH_SHIP_INTERVAL_S": "0.05", "STARVEWATCH_SIDECAR": "0"}
     done = subprocess.run([sys.executable, str(PROGRAMS / "lightning_train.py")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -200,7 +203,8 @@ def test_transformers_trainer_callback_and_the_accelerate_one_liner(tmp_path):
     the figures ride along at most every 8, under the prefix asked for), into state.log_history and
     to the callbacks that stand where report_to's stand; with log_figures=False, nothing."""
     env = {**os.environ, "SW_EVAL": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "SW_LOG_STEPS": "4",
-           "SW_LOG_EVERY": "8", "SW_LOG_PREFIX": "sw.", "STARVEWATCH_SHIP_INTERVAL_S": "0.05"}
+           "SW_LOG_EVERY": "8", "SW_LOG_PREFIX": "sw.", "STARVEWATCH_SHIP_INTERVAL_S": "0.05",
+           "STARVEWATCH_SIDECAR": "0"}  # the live figures without the sidecar's start-up (see the Lightning test)
     done = subprocess.run([sys.executable, str(PROGRAMS / "hf_train.py"), str(tmp_path / "out")], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -2,8 +2,8 @@
 the framework integrations log through the trainer's own loggers (integrations/).
 
 Read-only. The figures come from the exact totals of the records processed so far (the
-record book, at most one shipping interval behind the loop) plus what the hot path counted
-itself; nothing here touches the hot path or the records' histograms, which the shipper
+record book: one shipping interval behind the loop, and with the sidecar, from when the
+sidecar has started and acknowledged them) plus what the hot path counted itself; nothing here touches the hot path or the records' histograms, which the shipper
 thread may be filling at the same moment.
 """
 from __future__ import annotations
