@@ -48,7 +48,30 @@ def dataloader_config(loader) -> dict:
     }
     if hasattr(loader, "in_order"):  # torch >= 2.6
         config["in_order"] = bool(loader.in_order)
+    config.update(shard_facts(loader.dataset))
     return config
+
+
+def shard_facts(dataset) -> dict:
+    """How many shards an IterableDataset splits among its readers (workers x ranks), where its
+    library says: webdataset's URL list (the pipeline's first stage), Hugging Face `datasets`'
+    `num_shards`. `dataset_shards` and `shards_resampled` (webdataset's `resampled=True`: each
+    reader draws shards at random, so none runs out); {} when not known."""
+    module = type(dataset).__module__ or ""
+    try:
+        if module.startswith("webdataset."):
+            stages = getattr(dataset, "pipeline", None) or []
+            source = stages[0] if stages else None
+            if type(source).__name__ == "ResampledShards":
+                return {"dataset_shards": None, "shards_resampled": True}
+            urls = getattr(source, "urls", None)
+            if isinstance(urls, (list, tuple)):
+                return {"dataset_shards": len(urls), "shards_resampled": False}
+        elif module.startswith("datasets.") and isinstance(getattr(dataset, "num_shards", None), int):
+            return {"dataset_shards": dataset.num_shards, "shards_resampled": False}
+    except Exception:  # another version's internals: nothing said rather than a wrong count
+        pass
+    return {}
 
 
 def leading_dim(batch) -> int | None:

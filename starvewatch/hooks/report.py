@@ -19,13 +19,7 @@ def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: st
     if verdict.get("speedup_at_stake") and verdict["input_bound"] in ("moderate", "high"):
         lines.append(f"  up to {verdict['speedup_at_stake']:.2f}x faster if the GPU never waited for data")
     for rec in summary.get("recommendations", [])[:3]:
-        gain = f" (expected {rec['expected_speedup']:.2f}x)" if rec.get("expected_speedup") else ""
-        if rec.get("kind") == "protective":
-            gain = " (protective: no speed-up" + (f"; {rec['risk']})" if rec.get("risk") else ")")
-        # Advice that is not a DataLoader argument (lighter batches, GPU transforms) has no parameter.
-        what = (f"{rec['parameter']}={rec['suggested']!r} (now {rec['current']!r})" if rec.get("parameter")
-                else str(rec["suggested"]).replace("_", " "))
-        lines.append(f"  -> {rec['loader']}: {what}{gain}: {rec['reason']}")
+        lines.append(f"  -> {recommendation_line(rec)}")
     from ..monitor.findings import finding_line, stall_where
     for stall in summary.get("stalls", [])[:3]:
         where = stall_where(stall)
@@ -41,6 +35,17 @@ def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: st
     elif spool_dir:
         lines.append(f"  full report: starvewatch export {run['id']} --format md  (data in {spool_dir})")
     return "\n".join(lines)
+
+
+def recommendation_line(rec: dict) -> str:
+    """One recommendation as one line: the loader, the change, its expected gain, the reason."""
+    gain = f" (expected {rec['expected_speedup']:.2f}x)" if rec.get("expected_speedup") else ""
+    if rec.get("kind") == "protective":
+        gain = " (protective: no speed-up" + (f"; {rec['risk']})" if rec.get("risk") else ")")
+    # Advice that is not a DataLoader argument (lighter batches, GPU transforms) has no parameter.
+    what = (f"{rec['parameter']}={rec['suggested']!r} (now {rec['current']!r})" if rec.get("parameter")
+            else str(rec["suggested"]).replace("_", " "))
+    return f"{rec['loader']}: {what}{gain}: {rec['reason']}"
 
 
 def print_report(summary: dict, session, file, previous_run_id: str | None = None) -> None:

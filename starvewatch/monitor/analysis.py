@@ -123,7 +123,9 @@ def summarize(run: dict, loaders: list[LoaderData], *, stalls=(), system: dict |
         },
         "stalls": list(stalls),
         # Hung workers are in the stalls; memory growth and the like here (monitor/findings.py).
-        "findings": findings_from(worker_events or [], {d.name: d.config for d in loaders}, system),
+        "findings": findings_from(worker_events or [], {d.name: d.config for d in loaders}, system,
+                                  waits={p["name"]: p["input_wait_fraction"] for p in loader_parts},
+                                  world_size=run.get("world_size") or 1),
         "recommendations": [],
         "system": system,
     }

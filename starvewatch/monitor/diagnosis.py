@@ -84,6 +84,33 @@ def custom_batch_sampler(config: dict | None) -> bool:
     return config.get("batch_size") is None and config.get("batch_sampler") not in (None, "NoneType")
 
 
+def _without_idle_workers(proposals: list[dict], summary: dict) -> list[dict]:
+    """Workers idle for lack of shards (findings.idle_workers): more workers would find no
+    shard either, so no proposal adds workers to that loader (its finding says what to do)."""
+    starved_of_shards = {f["loader"] for f in summary.get("findings") or []
+                         if f.get("kind") == "idle_workers" and f["detail"].get("cause") == "too_few_shards"}
+    if not starved_of_shards:
+        return proposals
+
+    def adds_workers(p: dict) -> bool:
+        now = p.get("current") if p.get("parameter") == "num_workers" else None
+        wanted = p["suggested"] if p.get("parameter") == "num_workers" else (p.get("what_if") or {}).get("num_workers")
+        return isinstance(wanted, int) and wanted > (now or 0) and p.get("kind") == "speedup"
+
+    return [p for p in proposals if not (p["loader"] in starved_of_shards and adds_workers(p))]
+
+
+def _predict_resharding(summary: dict, facts: dict[str, LoaderFacts]) -> None:
+    """For workers idle for lack of shards: the speed-up of resharding (every configured worker
+    serving), from the active workers' measured load time (the idle ones measured none)."""
+    for finding in summary.get("findings") or []:
+        if finding.get("kind") != "idle_workers" or finding["detail"].get("cause") != "too_few_shards":
+            continue
+        f = facts.get(finding["loader"])
+        if f is not None and f.workers and f.worker_load:
+            finding["detail"]["expected_speedup_resharded"] = round(speedup(f, f.config), 3)
+
+
 def _predict(recs: list[dict], facts: dict[str, LoaderFacts], t: Thresholds) -> list[dict]:
     """Each speed-up alone, through the model over the changed configuration; under the
     minimum gain it is dropped. Protective advice claims no gain."""
@@ -140,7 +167,7 @@ def diagnose(summary: dict, loaders, *, system=None, previous=None, run=None,
             if rule.when == "any" or (rule.when == "starved" and f in starved) or \
                     (rule.when == "host_bound" and host_bound and f is facts[0]):
                 proposals.extend(rule.propose(f, t, ctx))
-    recs = _predict(_reconcile(proposals), {f.name: f for f in facts}, t)
+    recs = _predict(_reconcile(_without_idle_workers(proposals, summary)), {f.name: f for f in facts}, t)
     for f in facts:
         if f.name.lower() in VALIDATION_NAMES or (len(facts) > 1 and f is not facts[0] and f in starved):
             for r in recs:
@@ -161,6 +188,7 @@ def diagnose(summary: dict, loaders, *, system=None, previous=None, run=None,
             r.pop("risk", None)
     summary["recommendations"] = recs
     summary["plans"] = _plans(recs, {f.name: f for f in facts})
+    _predict_resharding(summary, {f.name: f for f in facts})
     summary["verification"] = verify(previous, summary) if previous else None
 
 

@@ -54,13 +54,32 @@ class Tiny(pl.LightningModule):
         return DataLoader(Synthetic(VAL), batch_size=BATCH, num_workers=0)
 
 
+class Rejecting(pl.loggers.Logger):
+    """A logger that refuses starvewatch's metrics (as a tracking service might refuse a name):
+    the other loggers and the training go on."""
+
+    name, version = "rejecting", 0
+
+    def log_metrics(self, metrics, step=None):
+        if any(key.startswith("starvewatch/") for key in metrics):
+            raise ValueError("metric names with '/' are not accepted here")
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     distributed = "LOCAL_RANK" in os.environ
-    callback = StarvewatchCallback(name=os.environ.get("SW_NAME", "lightning-tiny"))
+    # SW_CSV_DIR: log through Lightning's CSVLogger there, every SW_LOG_EVERY training batches.
+    csv_dir = os.environ.get("SW_CSV_DIR")
+    logger = [Rejecting(), pl.loggers.CSVLogger(csv_dir, name="csv", version=0)] if csv_dir else False
+    log_every = int(os.environ.get("SW_LOG_EVERY", "50"))
+    callback = StarvewatchCallback(name=os.environ.get("SW_NAME", "lightning-tiny"),
+                                   log_figures=os.environ.get("SW_LOG_FIGURES", "1") == "1")
     trainer = pl.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=2 if distributed else 1,
                          strategy="ddp" if distributed else "auto", callbacks=[callback],
-                         num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+                         num_sanity_val_steps=0, logger=logger, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=log_every)
     trainer.fit(Tiny())
     print(json.dumps({"rank": trainer.global_rank, "summary": callback.summary}), flush=True)
