@@ -20,7 +20,6 @@ import threading
 import time
 from collections import OrderedDict
 
-from ...spool_format import file_name
 from .account import add_accounts, empty_account
 from ..record_layout import count_steps
 from .records import CHUNK, LocalPipeline, RecordBook
@@ -358,7 +357,7 @@ class SidecarPipeline:
         # spooled them after its last report), so no record is in two places.
         spool = self.local.delivery.spool
         for seq in self._unacked:
-            spool.remove(spool.directory / file_name(seq))
+            spool.remove_batch(seq)
         settled = self.link.account or empty_account()
         # Spooled records the sidecar reported that are gone now were delivered meanwhile (its
         # replay, or the collector's sweep of the spool directory).
