@@ -90,7 +90,11 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         state.update(store=store, query=query, importer=importer, started=time.time(),
                      last_activity=time.time(), stop=threading.Event())
         app.state.store, app.state.query = store, query
-        importer.scan()  # spools of offline or interrupted runs appear without a manual step
+        try:  # spools of offline or interrupted runs appear without a manual step
+            importer.scan()
+        except Exception as exc:  # noqa: BLE001 - an unreadable spool directory never stops serve
+            sweep_errors.error(f"sweep:{type(exc).__name__}", "spool sweep of %s failed: %s: %s",
+                               settings.dir / "spool", type(exc).__name__, exc)
         exporters = _start_exporters(settings, lambda: query)
         worker = threading.Thread(target=_background, args=(state, settings), daemon=True,
                                   name="starvewatch-collector-background")

@@ -1,0 +1,127 @@
+"""A bad spool file never stops the collector (issue 27 item 3), and an older oversized one is
+split, not refused (issue 26 item 1): whatever a file holds, it is set aside in rejected/ with
+its reason and counted in its run's account, the sweep goes on to the next file, `serve`
+starts, and `import` inflates within the same bound as an HTTP body."""
+import gzip
+import json
+import subprocess
+import sys
+import zlib
+
+import pytest
+
+from starvewatch.monitor.query import Query
+from starvewatch.monitor.spool_import import SpoolImporter
+from starvewatch.monitor.store import Store
+from tests.conftest import wait_until
+
+
+def batch(run_id: str, stream: str, seq: int, n: int, first_step: int = 0) -> dict:
+    return {"schema": "starvewatch.events/1", "run_id": run_id, "stream": stream, "seq": seq,
+            "loaders": [{"name": "train", "totals": {"steps": first_step + n, "epochs": 1}}],
+            "steps": {"loader": ["train"] * n, "epoch": [0] * n, "step": list(range(first_step, first_step + n)),
+                      "start_ns": [10**18 + i * 10**6 for i in range(first_step, first_step + n)],
+                      "wait_ns": [1000] * n, "compute_ns": [2000] * n, "other_ns": [0] * n,
+                      "batch_size": [8] * n, "gpu_idle_ns": [None] * n}}
+
+
+def write(spool, run_id, stream, seq, data: bytes):
+    path = spool / run_id / stream / f"{seq:012d}.json.gz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def truncated_gzip() -> bytes:
+    return gzip.compress(json.dumps(batch("bad", "s", 1, 50)).encode())[:-30]
+
+
+def corrupt_deflate() -> bytes:
+    data = bytearray(gzip.compress(json.dumps(batch("bad", "s", 1, 500)).encode()))
+    data[40:60] = b"\xff" * 20  # the deflate stream, past the 10-byte gzip header
+    return bytes(data)
+
+
+def deeply_nested() -> bytes:
+    return gzip.compress(b'{"schema": "starvewatch.events/1", "x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}")
+
+
+def bomb() -> bytes:
+    """256 MiB of zeros in about 255 KB: over the 32 MiB an HTTP body may inflate to."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    chunk = b"0" * (1 << 20)
+    return b"".join([compressor.compress(chunk) for _ in range(256)] + [compressor.flush()])
+
+
+BAD = {"truncated gzip": truncated_gzip, "corrupt deflate": corrupt_deflate, "deep JSON": deeply_nested}
+
+
+def steps_of(store, run_id) -> list[int]:
+    return sorted(row[3] for rows in store.step_rows(run_id) for row in rows)
+
+
+@pytest.mark.parametrize("kind", list(BAD))
+def test_a_bad_file_is_set_aside_counted_and_the_next_file_imported(kind, tmp_path):
+    spool = tmp_path / "spool"
+    bad = write(spool, "bad-run", "s", 1, BAD[kind]())
+    write(spool, "good-run", "s", 1, gzip.compress(json.dumps(batch("good-run", "s", 1, 30)).encode()))
+    store = Store(tmp_path / "db.sqlite")
+    importer = SpoolImporter(store, spool)
+    assert importer.scan() == 1  # the valid file after it
+    assert steps_of(store, "good-run") == list(range(30))
+    assert not bad.exists()
+    kept = tmp_path / "rejected" / "bad-run" / "s" / bad.name
+    assert kept.read_bytes() == BAD[kind]()  # set aside as it was, for a bug report
+    reason = (kept.parent / (bad.name + ".reason")).read_text()
+    assert reason.strip()
+    # Counted in its run's account, shown with the run.
+    account = Query(store).summary("bad-run")["delivery"]
+    assert [f["file"] for f in account["rejected_files"]] == [str(kept)]
+    assert importer.scan() == 0 and importer.rejected_files == [str(kept)]  # not met again
+    store.close()
+
+
+def test_serve_starts_over_bad_files_and_a_running_sweep_goes_on(collector, isolated_starvewatch):
+    spool = isolated_starvewatch / "spool"
+    for i, make in enumerate(BAD.values(), start=1):
+        write(spool, "bad-run", f"s{i}", 1, make())
+    write(spool, "good-run", "s", 1, gzip.compress(json.dumps(batch("good-run", "s", 1, 20)).encode()))
+    c = collector()
+    assert c.get("/api/v1/runs/good-run/summary")["loaders"][0]["steps"] == 20
+    detail = c.get("/api/v1/runs/bad-run")
+    assert len(detail["delivery"]["rejected_files"]) == 3
+    # While it runs: another bad file, then a valid one; the sweep (every 5 s) takes the valid one.
+    write(spool, "bad-run", "s9", 1, truncated_gzip())
+    write(spool, "later-run", "later", 1, gzip.compress(json.dumps(batch("later-run", "later", 1, 7)).encode()))
+    wait_until(lambda: c.request("GET", "/api/v1/runs/later-run/summary")[0] == 200, timeout_s=30,
+               what="the valid file after a bad one to be swept in")
+    assert c.get("/api/v1/runs/later-run/summary")["loaders"][0]["steps"] == 7
+    wait_until(lambda: len(c.get("/api/v1/runs/bad-run")["delivery"]["rejected_files"]) == 4, timeout_s=30,
+               what="the fourth bad file counted")
+    assert c.proc.poll() is None
+
+
+IMPORT_PEAK = r"""
+import resource, sys
+from starvewatch.cli import main
+code = main(sys.argv[1:])
+print("peak_rss_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(code)
+"""
+
+
+def test_import_inflates_within_the_http_bound_and_goes_on(tmp_path):
+    source = tmp_path / "elsewhere" / "spool"
+    write(source, "bomb-run", "s", 1, bomb())
+    write(source, "good-run", "s", 1, gzip.compress(json.dumps(batch("good-run", "s", 1, 12)).encode()))
+    out = subprocess.run([sys.executable, "-c", IMPORT_PEAK, "import", str(source.parent), "--dir",
+                          str(tmp_path / "here")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "imported 1 new batches" in out.stdout and "1 unreadable files set aside" in out.stdout
+    peak_mib = int(out.stdout.split("peak_rss_kib")[1]) / 1024
+    # Inflating the file whole would take 256 MiB on top of the interpreter's own ~100 MiB.
+    assert peak_mib < 220, peak_mib
+    store = Store(tmp_path / "here" / "starvewatch.db")
+    assert steps_of(store, "good-run") == list(range(12))
+    assert "inflates past the limit" in store.rejected_files("bomb-run")[0]["reason"]
+    store.close()
