@@ -81,6 +81,27 @@ class Warnings:
                 pass
 
 
+_QUIET_LOGGERS = ("starvewatch.hooks", "starvewatch.delivery", "starvewatch.sidecar")
+_quiet_handler = None
+
+
+def quiet_console(quiet: bool) -> None:
+    """STARVEWATCH_QUIET=1: the training process's own log lines (rate-limited errors of the
+    shipper, the spool, the sidecar) stay off the console. Python prints a record to stderr
+    only when no handler exists on its way up ("last resort"); a NullHandler on our loggers
+    ends that, while the records still propagate to the user's own handlers."""
+    import logging
+    global _quiet_handler
+    if quiet and _quiet_handler is None:
+        _quiet_handler = logging.NullHandler()
+        for name in _QUIET_LOGGERS:
+            logging.getLogger(name).addHandler(_quiet_handler)
+    elif not quiet and _quiet_handler is not None:
+        for name in _QUIET_LOGGERS:
+            logging.getLogger(name).removeHandler(_quiet_handler)
+        _quiet_handler = None
+
+
 def rejected_dir(spool_dir) -> str:
     """`<dir>/rejected/<run>/<stream>` beside `<dir>/spool/<run>/<stream>`: the collector's
     spool sweep never sees it, and a user can attach it to a bug report."""
