@@ -55,16 +55,15 @@ class Spool:
                                 self.directory, exc)
             return None
         if self._delivered:
-            for path in [p for p in files if p.name in self._delivered]:
+            delivered, self._delivered = self._delivered, set()
+            for path in [p for p in files if p.name in delivered]:
                 try:
                     path.unlink()
                 except FileNotFoundError:
                     pass
                 except OSError:
-                    continue
-                self._delivered.discard(path.name)
-            self._delivered &= {p.name for p in files}
-            files = [p for p in files if p.name not in self._delivered]
+                    self._delivered.add(path.name)  # still there: tried again at the next listing
+            files = [p for p in files if p.name not in delivered]
         return files
 
     def _known(self) -> dict[str, tuple[int, int]]:
