@@ -125,3 +125,18 @@ def test_import_inflates_within_the_http_bound_and_goes_on(tmp_path):
     assert steps_of(store, "good-run") == list(range(12))
     assert "inflates past the limit" in store.rejected_files("bomb-run")[0]["reason"]
     store.close()
+
+
+def test_an_older_oversized_spool_file_is_split_not_rejected(tmp_path):
+    """Hooks before the limits were shared wrote batches of any size; the collector refused
+    more than 50,000 records per list and renamed the file `.rejected`, telling no one."""
+    from starvewatch.limits import MAX_STEP_RECORDS
+    n = MAX_STEP_RECORDS + 10_001
+    spool = tmp_path / "spool"
+    write(spool, "big-run", "s", 1, gzip.compress(json.dumps(batch("big-run", "s", 1, n)).encode(), 1))
+    store = Store(tmp_path / "db.sqlite")
+    importer = SpoolImporter(store, spool)
+    assert importer.scan() == 1 and importer.rejected_files == []
+    assert steps_of(store, "big-run") == list(range(n))
+    assert Query(store).summary("big-run")["loaders"][0]["steps"] == n
+    store.close()
