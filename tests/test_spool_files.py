@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,62 @@ def test_an_older_oversized_spool_file_is_split_not_rejected(tmp_path):
     assert steps_of(store, "big-run") == list(range(n))
     assert Query(store).summary("big-run")["loaders"][0]["steps"] == n
     store.close()
+
+
+# ---- fuzzed spool files (the hypothesis profile of tests/test_fuzz_api.py: STARVEWATCH_FUZZ) ----
+import os  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_PROFILE = os.environ.get("STARVEWATCH_FUZZ", "fast")
+_EXAMPLES = int(os.environ.get("STARVEWATCH_FUZZ_EXAMPLES") or {"fast": 25, "long": 1000}[_PROFILE])
+_FUZZ = settings(max_examples=_EXAMPLES, deadline=None, database=None, derandomize=_PROFILE == "fast",
+                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner,
+                                                                                  max_size=5), max_leaves=30)
+
+
+def _mangled(draw_batch: dict, how: str, data) -> bytes:
+    raw = json.dumps(draw_batch).encode()
+    if how == "cut":
+        packed = gzip.compress(raw)
+        return packed[:data.draw(st.integers(0, len(packed) - 1))]
+    if how == "flip":
+        packed = bytearray(gzip.compress(raw))
+        at = data.draw(st.integers(10, len(packed) - 1))
+        packed[at] ^= data.draw(st.integers(1, 255))
+        return bytes(packed)
+    if how == "field":
+        broken = dict(draw_batch)
+        broken[data.draw(st.sampled_from(["steps", "seq", "run", "samples", "part", "loaders", "phases"]))] = \
+            data.draw(_json)
+        return gzip.compress(json.dumps(broken).encode())
+    return gzip.compress(json.dumps(data.draw(_json)).encode())
+
+
+@_FUZZ
+@given(data=st.data())
+def test_whatever_a_spool_file_holds_the_sweep_goes_on(tmp_path_factory, data):
+    tmp = tmp_path_factory.mktemp("fuzz-spool")
+    spool = tmp / "spool"
+    how = data.draw(st.sampled_from(["cut", "flip", "field", "any"]))
+    bad = write(spool, "fuzz-run", "a", 1, _mangled(batch("fuzz-run", "a", 1, 40), how, data))
+    write(spool, "fuzz-run", "b", 1, gzip.compress(json.dumps(batch("fuzz-run", "b", 1, 9)).encode()))
+    store = Store(tmp / "db.sqlite")
+    importer = SpoolImporter(store, spool)
+    importer.scan()  # never raises
+    try:
+        assert not bad.exists()  # imported, or set aside with its reason
+        if importer.rejected_files:
+            kept = Path(importer.rejected_files[0])
+            assert kept.exists() and kept.with_name(kept.name + ".reason").exists()
+            assert len(store.rejected_files("fuzz-run")) == 1
+        stored = steps_of(store, "fuzz-run")
+        # The valid file is imported; the other adds its 40 steps or none (refused, or a field
+        # replaced by an empty but valid value).
+        assert len(stored) == 9 if importer.rejected_files else len(stored) in (9, 49)
+        assert set(range(9)) <= set(stored)
+    finally:
+        store.close()
