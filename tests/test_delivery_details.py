@@ -255,7 +255,7 @@ def test_the_readme_names_every_drop_reason():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     from starvewatch.hooks.delivery import account
     reasons = ["spool_full", "disk_full", "spool_unwritable", "spool_error", "rejected", "too_large",
-               "sidecar_died", "sidecar_error", "buffer_full"]
+               "sidecar_died", "sidecar_error", "buffer_full", "unreadable_spool"]
     for reason in reasons:
         assert f"`{reason}`" in readme, reason
         assert f"`{reason}`" in account.__doc__, reason

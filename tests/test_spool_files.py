@@ -64,7 +64,8 @@ def steps_of(store, run_id) -> list[int]:
 @pytest.mark.parametrize("kind", list(BAD))
 def test_a_bad_file_is_set_aside_counted_and_the_next_file_imported(kind, tmp_path):
     spool = tmp_path / "spool"
-    bad = write(spool, "bad-run", "s", 1, BAD[kind]())
+    content = BAD[kind]()
+    bad = write(spool, "bad-run", "s", 1, content)
     write(spool, "good-run", "s", 1, gzip.compress(json.dumps(batch("good-run", "s", 1, 30)).encode()))
     store = Store(tmp_path / "db.sqlite")
     importer = SpoolImporter(store, spool)
@@ -72,7 +73,7 @@ def test_a_bad_file_is_set_aside_counted_and_the_next_file_imported(kind, tmp_pa
     assert steps_of(store, "good-run") == list(range(30))
     assert not bad.exists()
     kept = tmp_path / "rejected" / "bad-run" / "s" / bad.name
-    assert kept.read_bytes() == BAD[kind]()  # set aside as it was, for a bug report
+    assert kept.read_bytes() == content  # set aside as it was, for a bug report
     reason = (kept.parent / (bad.name + ".reason")).read_text()
     assert reason.strip()
     # Counted in its run's account, shown with the run.
@@ -200,3 +201,24 @@ def test_whatever_a_spool_file_holds_the_sweep_goes_on(tmp_path_factory, data):
         assert set(range(9)) <= set(stored)
     finally:
         store.close()
+
+
+def test_a_running_process_counts_its_file_set_aside_by_the_sweep_as_dropped(tmp_path):
+    """`acknowledged` means stored: a spooled file the collector's sweep took but could not
+    ingest is not acknowledged by the process that wrote it; the run's account counts it once."""
+    from starvewatch.hooks.delivery.transport import Delivery, Spool
+    directory = tmp_path / "spool" / "mixed-run" / "w1"
+    offline = Delivery(None, Spool(directory, 2**24))
+    good = batch("mixed-run", "w1", 1, 30)
+    bad = dict(batch("mixed-run", "w1", 2, 20, first_step=30), phases=[["train", 0, 1, "load", -5]])  # invalid
+    good["delivery"] = {"acknowledged": 0, "spooled": 0, "dropped": {}}
+    offline.deliver(good)
+    offline.deliver(bad)
+    assert offline.account() == {"acknowledged": 0, "spooled": 50, "dropped": {}}
+    store = Store(tmp_path / "db.sqlite")
+    importer = SpoolImporter(store, tmp_path / "spool")
+    assert importer.scan() == 1 and len(importer.rejected_files) == 1
+    assert offline.account() == {"acknowledged": 30, "spooled": 0, "dropped": {"unreadable_spool": 20}}
+    account = Query(store).summary("mixed-run")["delivery"]
+    assert account["dropped"] == {"unreadable_spool": 20} and len(account["rejected_files"]) == 1
+    store.close()

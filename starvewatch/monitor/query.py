@@ -101,7 +101,7 @@ class Query:
         streams = [s for s in self.store.stream_rows(run_id) if rank is None or s["rank"] == rank]
         delivery = merge_accounts([stream_account(s) for s in streams])
         if rank is None:
-            delivery = with_rejected_files(delivery, self.store.rejected_files(run_id))
+            delivery = with_rejected_files(delivery, self.store.rejected_files(run_id), streams)
         if delivery is not None:
             summary["delivery"] = delivery
         return with_tuning(summary, self.store.latest_tuning(run_id))
@@ -284,7 +284,7 @@ class Query:
                        "drops": orjson.loads(s["drops"]), "delivery": stream_account(s)} for s in streams],
             # Summed over the processes that reported one (None when none has).
             "delivery": with_rejected_files(merge_accounts([stream_account(s) for s in streams]),
-                                            self.store.rejected_files(run_id)),
+                                            self.store.rejected_files(run_id), streams),
         }
 
     # ---- raw records and series --------------------------------------------------------------
@@ -439,17 +439,26 @@ def merge_accounts(accounts: list[dict | None]) -> dict | None:
             "dropped": dropped, "processes": len(known)}
 
 
-def with_rejected_files(account: dict | None, rejected: list[dict]) -> dict | None:
+def with_rejected_files(account: dict | None, rejected: list[dict], streams=()) -> dict | None:
     """The run's account plus the spool files of the run that the collector could not ingest
     (set aside in rejected/): their step records, where readable, count as dropped
-    (`unreadable_spool`), and `rejected_files` lists them."""
+    (`unreadable_spool`), and `rejected_files` lists them. A process that was still running saw
+    its own files set aside and counted them already: per stream, the larger count is kept."""
     if not rejected:
         return account
     out = dict(account) if account is not None else {"acknowledged": 0, "spooled": 0, "dropped": {},
                                                      "processes": 0}
-    records = sum(r["records"] or 0 for r in rejected)
-    if records:
-        out["dropped"] = {**out["dropped"], "unreadable_spool": out["dropped"].get("unreadable_spool", 0) + records}
+    here: dict[str, int] = {}
+    for r in rejected:
+        here[r["stream"]] = here.get(r["stream"], 0) + (r["records"] or 0)
+    reported = {}
+    for s in streams:
+        own = stream_account(s)
+        if own is not None:
+            reported[s["stream"]] = own["dropped"].get("unreadable_spool", 0)
+    extra = sum(max(0, n - reported.get(stream, 0)) for stream, n in here.items())
+    if extra:
+        out["dropped"] = {**out["dropped"], "unreadable_spool": out["dropped"].get("unreadable_spool", 0) + extra}
     out["rejected_files"] = rejected
     return out
 

@@ -8,7 +8,9 @@ error), `rejected` (the collector refused the batch as invalid: kept in `rejecte
 `too_large` (a single record over the collector's body limit), `sidecar_died` (let go past
 the bound of unacknowledged bytes, then the sidecar died), `sidecar_error` (the sidecar failed
 to build or deliver a batch), `buffer_full` (the hot path's buffer was full). `spool_error` also
-counts a spool file whose content could not be read back (it is kept in `rejected/`).
+counts a spool file whose content could not be read back (it is kept in `rejected/`);
+`unreadable_spool` a spooled file the collector's sweep took but could not ingest (it set it
+aside in `rejected/`).
 """
 from __future__ import annotations
 

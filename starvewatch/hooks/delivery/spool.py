@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from ...logonce import RateLimitedLog
+from .account import rejected_dir
 from ...spool_format import SUFFIX, file_name, read_spool_file, seq_of
 
 _spool_errors = RateLimitedLog(logging.getLogger("starvewatch.delivery"))
@@ -27,6 +28,7 @@ class Spool:
         self.dropped_payloads = 0
         self.dropped_records = 0
         self.vanished_records = 0  # in files the collector's sweep took: acknowledged
+        self.set_aside_records = 0  # in files the sweep could not ingest and moved to rejected/
         self._index: dict[str, tuple[int, int]] | None = None  # file name -> (bytes, records)
         # Whether files may be waiting: kept in memory, so a healthy delivery never lists the
         # directory (each syscall on the shipper thread costs the training thread a GIL switch).
@@ -81,7 +83,12 @@ class Spool:
         self._index = index
         names = {p.name for p in files}
         for name in [n for n in index if n not in names]:
-            self.vanished_records += index.pop(name)[1]
+            records = index.pop(name)[1]
+            # The sweep sets a file it cannot ingest aside in rejected/: not stored, so not acknowledged.
+            if os.path.exists(os.path.join(rejected_dir(self.directory), name)):
+                self.set_aside_records += records
+            else:
+                self.vanished_records += records
         for path in files:
             if path.name not in index:
                 try:

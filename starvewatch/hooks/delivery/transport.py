@@ -189,10 +189,12 @@ class Delivery:
 
     # ---- the account --------------------------------------------------------------------------
     def account(self) -> dict:
+        spooled = self.spool.records  # first: the listing updates what the collector took or set aside
         dropped = dict(self._dropped)
         if self.spool.dropped_records:
             dropped["spool_full"] = self.spool.dropped_records
-        spooled = self.spool.records
+        if self.spool.set_aside_records:
+            dropped["unreadable_spool"] = self.spool.set_aside_records
         return {"acknowledged": self.acknowledged + self.spool.vanished_records, "spooled": spooled,
                 "dropped": dropped}
 
