@@ -20,7 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from .account import add_accounts, empty_account
+from .account import add_accounts, empty_account, quiet_console
 from ..record_layout import count_steps
 from .records import CHUNK, LocalPipeline, RecordBook
 from .transport import dumps
@@ -113,6 +113,7 @@ class SidecarLink:
     @classmethod
     def start(cls, session) -> "SidecarLink | None":
         settings = session.settings
+        quiet_console(settings.quiet)  # before anything here may log
         delivers = session.transport is None or session.delivers_over_http
         config = {"pid": os.getpid(), "wall_offset_ns": session.wall_offset_ns,
                   "host_interval_s": settings.host_interval_s,
