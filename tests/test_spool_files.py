@@ -222,3 +222,14 @@ def test_a_running_process_counts_its_file_set_aside_by_the_sweep_as_dropped(tmp
     account = Query(store).summary("mixed-run")["delivery"]
     assert account["dropped"] == {"unreadable_spool": 20} and len(account["rejected_files"]) == 1
     store.close()
+
+
+def test_an_offline_view_of_a_spool_moves_nothing(tmp_path):
+    from starvewatch.monitor.sources import LocalSource
+    spool = tmp_path / "spool"
+    content = truncated_gzip()
+    bad = write(spool, "bad-run", "s", 1, content)
+    write(spool, "good-run", "g", 1, gzip.compress(json.dumps(batch("good-run", "g", 1, 5)).encode()))
+    source = LocalSource.offline(spool=spool)
+    assert source.store.loader_data("good-run")[0].totals.steps == 5
+    assert bad.read_bytes() == content and not (tmp_path / "rejected").exists()

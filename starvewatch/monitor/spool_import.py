@@ -25,10 +25,11 @@ _busy = RateLimitedLog(log)
 
 
 class SpoolImporter:
-    def __init__(self, store, root: Path, *, delete: bool = True) -> None:
+    def __init__(self, store, root: Path, *, delete: bool = True, set_aside: bool = True) -> None:
         self.store = store
         self.root = Path(root)
         self.delete = delete
+        self.set_aside = set_aside  # False: a read-only view (sources.offline) moves nothing
         self.imported_batches = 0
         self.rejected_files: list[str] = []
         self._skip: set[Path] = set()  # rejected but could not be moved: said once, not retried
@@ -82,6 +83,8 @@ class SpoolImporter:
         target = self.rejected_root / run_id / stream / path.name
         moved = False
         try:
+            if not self.set_aside:
+                raise PermissionError("a read-only view of the spool")
             target.parent.mkdir(parents=True, exist_ok=True)
             path.rename(target)
             moved = True
