@@ -259,3 +259,20 @@ def test_the_readme_names_every_drop_reason():
     for reason in reasons:
         assert f"`{reason}`" in readme, reason
         assert f"`{reason}`" in account.__doc__, reason
+
+
+def test_a_batch_over_the_inflated_size_limit_is_split_before_it_is_sent(monkeypatch):
+    """Records per list are not the only limit: 32 MiB inflated (long loader names, many
+    phases). Lowered here so that a few thousand records pass it."""
+    monkeypatch.setattr(transport_module, "MAX_DECOMPRESSED_BYTES", 50_000)
+    transport = MemoryTransport()
+    delivery = Delivery(transport, Spool(Path("/nonexistent"), 1))
+    big = payload(1, 3000, "bytes")
+    big["steps"]["loader"] = ["l" * 150] * 3000
+    delivery.deliver(big)
+    sizes = [len(transport_module.dumps(p)) for p in transport.payloads]
+    assert len(sizes) > 1 and max(sizes) <= 50_000, sizes
+    steps = [s for p in transport.payloads for s in p["steps"]["step"]]
+    assert steps == list(range(3000))
+    assert [p["part"][0] for p in transport.payloads] == sorted(p["part"][0] for p in transport.payloads)
+    assert delivery.account() == {"acknowledged": 3000, "spooled": 0, "dropped": {}}

@@ -245,28 +245,22 @@ class Delivery:
             elif not self._try_send(part, part_body, records):
                 self._spool(part, part_body, records)
 
-    def _fit(self, payload: dict, body: bytes | None = None) -> list[tuple[dict, bytes]]:
+    def _fit(self, payload: dict, body: bytes | None = None):
         """The batch as parts within the collector's limits (records per list, the inflated
-        body's size, the step records per request learned from a 413), each with its body."""
+        body's size, the step records per request learned from a 413), each with its body;
+        one at a time, so a big backlog is never held twice in memory."""
         parts = split(payload, MAX_LIST_RECORDS, self.max_records)
-        out = []
         for part in parts:
             part_body = body if body is not None and len(parts) == 1 else dumps(part)
-            steps = _records_in(part)
-            if len(part_body) > MAX_DECOMPRESSED_BYTES and steps > 1:  # long names, many phases
-                out += self._fit_steps(part, steps // 2)
-            else:
-                out.append((part, part_body))
-        return out
+            yield from self._within_bytes(part, part_body)
 
-    def _fit_steps(self, payload: dict, max_steps: int) -> list[tuple[dict, bytes]]:
-        out = []
-        for part in split(payload, MAX_LIST_RECORDS, max_steps):
-            part_body = dumps(part)
-            steps = _records_in(part)
-            out += self._fit_steps(part, steps // 2) if len(part_body) > MAX_DECOMPRESSED_BYTES and steps > 1 \
-                else [(part, part_body)]
-        return out
+    def _within_bytes(self, part: dict, part_body: bytes):
+        steps = _records_in(part)
+        if len(part_body) <= MAX_DECOMPRESSED_BYTES or steps <= 1:
+            yield part, part_body
+            return
+        for half in split(part, MAX_LIST_RECORDS, steps // 2):  # long names, many phases
+            yield from self._within_bytes(half, dumps(half))
 
     def _spool(self, payload: dict, body: bytes, records: int) -> None:
         part = payload.get("part")
