@@ -276,3 +276,17 @@ def test_a_batch_over_the_inflated_size_limit_is_split_before_it_is_sent(monkeyp
     assert steps == list(range(3000))
     assert [p["part"][0] for p in transport.payloads] == sorted(p["part"][0] for p in transport.payloads)
     assert delivery.account() == {"acknowledged": 3000, "spooled": 0, "dropped": {}}
+
+
+def test_a_collector_with_lower_limits_answers_413_and_the_sender_splits(collector, tmp_path, monkeypatch):
+    """A collector started with lower limits than the training process's: a list over its limit
+    is a 413 (split and resend), not a 422 (set aside as invalid and dropped)."""
+    monkeypatch.setenv("STARVEWATCH_MAX_BATCH_RECORDS", "300")  # the collector's only: this process keeps 50,000
+    c = collector()
+    delivery = Delivery(HttpTransport(c.url), Spool(tmp_path / "spool" / "low" / "s", 2**24))
+    delivery.deliver(payload(1, 1000, "lower-limits"))
+    delivery.transport.close()
+    assert delivery.max_records is not None and delivery.max_records <= 300
+    assert delivery.account() == {"acknowledged": 1000, "spooled": 0, "dropped": {}}
+    stored = stored_steps(c, "lower-limits")
+    assert len(stored) == len(set(stored)) == 1000

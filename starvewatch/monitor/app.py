@@ -42,6 +42,9 @@ class FastJSONResponse(Response):
         return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
 
 
+LIMITED_LISTS = ("steps", "phases", "samples", "workers", "stalls")  # bounded by starvewatch/limits.py
+
+
 def _describe_validation(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
@@ -139,6 +142,11 @@ def create_app(settings: CollectorSettings | None = None) -> FastAPI:
         try:
             batch = EventBatch.model_validate_json(body)
         except ValidationError as exc:
+            if all(e["type"] == "too_long" and e["loc"] and e["loc"][0] in LIMITED_LISTS for e in exc.errors()):
+                # Only over the records per list (starvewatch/limits.py): a sender with larger
+                # limits splits on 413, where a 422 would make it set the batch aside.
+                raise HTTPException(413, f"batch over the collector's limits: {_describe_validation(exc)}; "
+                                         f"split the batch") from None
             raise HTTPException(422, f"invalid event batch: {_describe_validation(exc)}") from None
         try:
             stored = await run_in_threadpool(state["store"].ingest, batch)
