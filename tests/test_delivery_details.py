@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from starvewatch.hooks.delivery import spool as spool_module
 from starvewatch.hooks.delivery import transport as transport_module
 from starvewatch.hooks.delivery.account import Warnings
 from starvewatch.hooks.delivery.transport import Delivery, HttpTransport, MemoryTransport, Spool
