@@ -233,3 +233,18 @@ def test_an_offline_view_of_a_spool_moves_nothing(tmp_path):
     source = LocalSource.offline(spool=spool)
     assert source.store.loader_data("good-run")[0].totals.steps == 5
     assert bad.read_bytes() == content and not (tmp_path / "rejected").exists()
+
+
+def test_the_run_page_banner_shows_files_set_aside():
+    from starvewatch.dashboard import views
+    files = [{"stream": "s", "file": "/d/rejected/r/s/000000000001.json.gz", "reason": "SpoolFileError: truncated",
+              "records": None}]
+    only_files = views.delivery_banner({"delivery": {"acknowledged": 5, "spooled": 0, "dropped": {},
+                                                     "rejected_files": files}})
+    assert "1 spool file of this run could not be read" in only_files.children
+    assert "000000000001.json.gz: SpoolFileError: truncated" in only_files.children
+    with_drops = views.delivery_banner({"delivery": {"acknowledged": 5, "spooled": 0,
+                                                     "dropped": {"unreadable_spool": 20},
+                                                     "rejected_files": files * 2}})
+    assert "dropped 20 step records" in with_drops.children
+    assert with_drops.children.endswith("2 spool files set aside as unreadable.")
