@@ -18,6 +18,7 @@ class FaultProxy:
         self.mode = "pass"
         self.requests = {"pass": 0, "slow": 0, "500": 0, "413": 0}
         self.max_body: int | None = None  # answer 413 to bodies over this many bytes (as sent)
+        self.fail_after: int | None = None  # after this many passed requests, mode becomes "500"
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -28,6 +29,8 @@ class FaultProxy:
 
             def _handle(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if proxy.fail_after is not None and proxy.requests["pass"] >= proxy.fail_after:
+                    proxy.mode, proxy.fail_after = "500", None
                 mode = proxy.mode
                 if proxy.max_body is not None and len(body) > proxy.max_body:
                     proxy.requests["413"] += 1

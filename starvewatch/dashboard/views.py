@@ -82,13 +82,19 @@ def delivery_banner(summary: dict) -> html.Div | None:
     figures on the page then miss those steps, and the user must know."""
     account = summary.get("delivery") or {}
     dropped = {reason: n for reason, n in (account.get("dropped") or {}).items() if n}
+    files = account.get("rejected_files") or []
+    if files and not dropped:
+        return html.Div(f"Incomplete: {len(files):,} spool file{'s' * (len(files) != 1)} of this run could not be "
+                        f"read and {'were' if len(files) != 1 else 'was'} set aside ({files[0]['file']}: "
+                        f"{files[0]['reason']}).", className="sw-banner", id="delivery-banner")
     if not dropped:
         return None
     total = sum(dropped.values())
     reasons = ", ".join(f"{reason.replace('_', ' ')}: {n:,}" for reason, n in sorted(dropped.items()))
     return html.Div(f"Incomplete: the training processes dropped {total:,} step record{'s' * (total != 1)} "
                     f"that never reached the collector ({reasons}); "
-                    f"{account.get('acknowledged', 0):,} acknowledged, {account.get('spooled', 0):,} in the spool.",
+                    f"{account.get('acknowledged', 0):,} acknowledged, {account.get('spooled', 0):,} in the spool."
+                    + (f" {len(files):,} spool file{'s' * (len(files) != 1)} set aside as unreadable." if files else ""),
                     className="sw-banner", id="delivery-banner")
 
 

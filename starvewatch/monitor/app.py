@@ -43,6 +43,9 @@ class FastJSONResponse(Response):
         return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
 
 
+LIMITED_LISTS = ("steps", "phases", "samples", "workers", "stalls")  # bounded by starvewatch/limits.py
+
+
 def _describe_validation(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
@@ -95,7 +98,11 @@ def create_app(settings: CollectorSettings | None = None, *,
         state.update(store=store, query=query, importer=importer, started=time.time(),
                      last_activity=time.time(), stop=threading.Event())
         app.state.store, app.state.query = store, query
-        importer.scan()  # spools of offline or interrupted runs appear without a manual step
+        try:  # spools of offline or interrupted runs appear without a manual step
+            importer.scan()
+        except Exception as exc:  # noqa: BLE001 - an unreadable spool directory never stops serve
+            sweep_errors.error(f"sweep:{type(exc).__name__}", "spool sweep of %s failed: %s: %s",
+                               settings.dir / "spool", type(exc).__name__, exc)
         exporters = _start_exporters(settings, lambda: query)
         worker = threading.Thread(target=_background, args=(state, settings), daemon=True,
                                   name="starvewatch-collector-background")
@@ -140,6 +147,11 @@ def create_app(settings: CollectorSettings | None = None, *,
         try:
             batch = EventBatch.model_validate_json(body)
         except ValidationError as exc:
+            if all(e["type"] == "too_long" and e["loc"] and e["loc"][0] in LIMITED_LISTS for e in exc.errors()):
+                # Only over the records per list (starvewatch/limits.py): a sender with larger
+                # limits splits on 413, where a 422 would make it set the batch aside.
+                raise HTTPException(413, f"batch over the collector's limits: {_describe_validation(exc)}; "
+                                         f"split the batch") from None
             raise HTTPException(422, f"invalid event batch: {_describe_validation(exc)}") from None
         try:
             stored = await run_in_threadpool(state["store"].ingest, batch)

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..ids import ID_PATTERN, NAME_PATTERN
+from ..limits import MAX_LIST_RECORDS
 from ..redact import redact_argv
 from ..schema import EVENTS_SCHEMA
 
@@ -17,7 +18,7 @@ Number = Annotated[int | float, Field(ge=-1e300, le=1e300)]
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 # Becomes a directory name, a URL segment, part of a file name: a small character set.
 Id = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
-MAX_BATCH_RECORDS = 50_000
+MAX_BATCH_RECORDS = MAX_LIST_RECORDS["steps"]  # starvewatch/limits.py: the hooks keep within it
 
 
 class Strict(BaseModel):
@@ -180,17 +181,27 @@ class EventBatch(Strict):
     loaders: list[LoaderInfo] = Field(default_factory=list, max_length=1000)
     steps: StepColumns = Field(default_factory=StepColumns)
     phases: list[tuple[Name, NonNegInt, NonNegInt, Name, NonNegInt]] = Field(
-        default_factory=list, max_length=MAX_BATCH_RECORDS * 8)
-    samples: list[Sample] = Field(default_factory=list, max_length=10_000)
-    workers: list[WorkerSnapshot] = Field(default_factory=list, max_length=10_000)
-    stalls: list[Stall] = Field(default_factory=list, max_length=1_000)
+        default_factory=list, max_length=MAX_LIST_RECORDS["phases"])
+    samples: list[Sample] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["samples"])
+    workers: list[WorkerSnapshot] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["workers"])
+    stalls: list[Stall] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["stalls"])
     drops: dict[str, NonNegInt] = Field(default_factory=dict)
     # The sending process's delivery account as it stood when this batch left; the collector
     # keeps the one of the highest sequence number per stream.
     delivery: DeliveryAccount | None = None
+    # A part of a batch split to fit the limits (starvewatch/batch_parts.py): the records
+    # [first, end) of the batch's steps, samples, workers and stalls, counted in that order.
+    part: tuple[Annotated[int, Field(ge=0, le=2**53)], Annotated[int, Field(ge=0, le=2**53)]] | None = None
+
+    def record_range(self) -> tuple[int, int]:
+        count = len(self.steps) + len(self.samples) + len(self.workers) + len(self.stalls)
+        return self.part if self.part is not None else (0, count)
 
     @model_validator(mode="after")
     def run_matches(self) -> "EventBatch":
+        if self.part is not None and self.part[1] - self.part[0] != \
+                len(self.steps) + len(self.samples) + len(self.workers) + len(self.stalls):
+            raise ValueError(f"part {list(self.part)} does not match the records it carries")
         for value in (self.run_id, self.stream):
             if set(value) == {"."}:
                 raise ValueError(f"{value!r} is not an id (it names a directory)")

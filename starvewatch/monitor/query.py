@@ -100,6 +100,8 @@ class Query:
             summary["stragglers"] = self.stragglers(run_id)
         streams = [s for s in self.store.stream_rows(run_id) if rank is None or s["rank"] == rank]
         delivery = merge_accounts([stream_account(s) for s in streams])
+        if rank is None:
+            delivery = with_rejected_files(delivery, self.store.rejected_files(run_id), streams)
         if delivery is not None:
             summary["delivery"] = delivery
         return with_tuning(summary, self.store.latest_tuning(run_id))
@@ -281,7 +283,8 @@ class Query:
                        "last_seen": iso(s["last_seen"]), "finished": bool(s["finished"]),
                        "drops": orjson.loads(s["drops"]), "delivery": stream_account(s)} for s in streams],
             # Summed over the processes that reported one (None when none has).
-            "delivery": merge_accounts([stream_account(s) for s in streams]),
+            "delivery": with_rejected_files(merge_accounts([stream_account(s) for s in streams]),
+                                            self.store.rejected_files(run_id), streams),
         }
 
     # ---- raw records and series --------------------------------------------------------------
@@ -434,6 +437,30 @@ def merge_accounts(accounts: list[dict | None]) -> dict | None:
             dropped[reason] = dropped.get(reason, 0) + count
     return {"acknowledged": sum(a["acknowledged"] for a in known), "spooled": sum(a["spooled"] for a in known),
             "dropped": dropped, "processes": len(known)}
+
+
+def with_rejected_files(account: dict | None, rejected: list[dict], streams=()) -> dict | None:
+    """The run's account plus the spool files of the run that the collector could not ingest
+    (set aside in rejected/): their step records, where readable, count as dropped
+    (`unreadable_spool`), and `rejected_files` lists them. A process that was still running saw
+    its own files set aside and counted them already: per stream, the larger count is kept."""
+    if not rejected:
+        return account
+    out = dict(account) if account is not None else {"acknowledged": 0, "spooled": 0, "dropped": {},
+                                                     "processes": 0}
+    here: dict[str, int] = {}
+    for r in rejected:
+        here[r["stream"]] = here.get(r["stream"], 0) + (r["records"] or 0)
+    reported = {}
+    for s in streams:
+        own = stream_account(s)
+        if own is not None:
+            reported[s["stream"]] = own["dropped"].get("unreadable_spool", 0)
+    extra = sum(max(0, n - reported.get(stream, 0)) for stream, n in here.items())
+    if extra:
+        out["dropped"] = {**out["dropped"], "unreadable_spool": out["dropped"].get("unreadable_spool", 0) + extra}
+    out["rejected_files"] = rejected
+    return out
 
 
 def _merge_stalls(events: list[dict]) -> list[dict]:

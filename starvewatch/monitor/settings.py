@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..defaults import DEFAULT_PORT, default_dir
+from ..limits import MAX_BODY_BYTES, MAX_DECOMPRESSED_BYTES
 
 
 def is_loopback(host: str) -> bool:
@@ -28,8 +29,8 @@ class CollectorSettings:
     lost_after_s: float = 60.0          # a process silent this long without finishing is lost
     idle_exit_s: float = 0.0            # exit after this long with no live run (0: never)
     spool_scan_s: float = 5.0           # how often the spool directory is swept
-    max_body_bytes: int = 4 * 1024 * 1024          # compressed, as sent
-    max_decompressed_bytes: int = 32 * 1024 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES          # compressed, as sent (starvewatch/limits.py)
+    max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES
     body_timeout_s: float = 30.0        # a request body silent this long is answered 408
     metrics_max_runs: int = 50
     metrics_finished_keep_s: float = 300.0

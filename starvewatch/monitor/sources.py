@@ -36,7 +36,7 @@ class LocalSource:
             store._stats_cache.clear()
         spool = Path(spool) if spool else (Path(directory) / "spool" if directory else None)
         if spool is not None and spool.is_dir():
-            SpoolImporter(store, spool, delete=False).scan()
+            SpoolImporter(store, spool, delete=False, set_aside=False).scan()
         return cls(store, f"offline data in {spool or db}")
 
     def list_runs(self, status=None, search=None) -> list[dict]:

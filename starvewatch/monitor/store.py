@@ -14,9 +14,13 @@ from pathlib import Path
 
 import orjson
 
+from ..batch_parts import uncovered
 from ..stats import LoaderTotals, RecordStats
 
-SCHEMA_VERSION = 1
+# 2: `seen` keeps record ranges [first, end) of each batch (batch_parts.py), not only (stream, seq);
+#    `rejected_files` counts the spool files that could not be ingested.
+SCHEMA_VERSION = 2
+WHOLE_BATCH_END = 2**62  # a batch stored before version 2: every record of it
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -28,8 +32,13 @@ CREATE TABLE IF NOT EXISTS streams (
     last_seq INTEGER NOT NULL DEFAULT 0, last_seen REAL NOT NULL, finished INTEGER NOT NULL DEFAULT 0,
     drops TEXT NOT NULL DEFAULT '{}', delivery TEXT);
 CREATE INDEX IF NOT EXISTS streams_run ON streams(run_id);
-CREATE TABLE IF NOT EXISTS seen (stream TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (stream, seq))
-    WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS seen (stream TEXT NOT NULL, seq INTEGER NOT NULL, first INTEGER NOT NULL,
+    end INTEGER NOT NULL, PRIMARY KEY (stream, seq, first, end)) WITHOUT ROWID;
+-- Spool files the collector could not ingest (set aside in rejected/): counted in their run's account.
+CREATE TABLE IF NOT EXISTS rejected_files (
+    run_id TEXT NOT NULL, stream TEXT NOT NULL, file TEXT NOT NULL, reason TEXT NOT NULL,
+    records INTEGER, at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS rejected_files_run ON rejected_files(run_id);
 CREATE TABLE IF NOT EXISTS loaders (
     run_id TEXT NOT NULL, stream TEXT NOT NULL, rank INTEGER NOT NULL, name TEXT NOT NULL,
     kind TEXT, config TEXT, totals TEXT NOT NULL, totals_seq INTEGER NOT NULL,
@@ -71,7 +80,7 @@ class Store:
         self._writer = self._connect()
         self._writer.executescript(DDL)
         self._migrate(self._writer)
-        self._writer.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        self._writer.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         self._writer.commit()
         self._local = threading.local()
         self._stats_cache: dict[tuple[str, str, str], RecordStats] = {}
@@ -83,10 +92,20 @@ class Store:
 
     @staticmethod
     def _migrate(w: sqlite3.Connection) -> None:
-        """Additive columns for databases written by earlier versions."""
+        """Databases written by earlier versions: additive columns, and `seen` by record range
+        (a batch stored before version 2 covers all its records)."""
         columns = {row[1] for row in w.execute("PRAGMA table_info(streams)")}
         if "delivery" not in columns:
             w.execute("ALTER TABLE streams ADD COLUMN delivery TEXT")
+        if "first" not in {row[1] for row in w.execute("PRAGMA table_info(seen)")}:
+            w.executescript(f"""
+                BEGIN IMMEDIATE;
+                CREATE TABLE seen_ranges (stream TEXT NOT NULL, seq INTEGER NOT NULL, first INTEGER NOT NULL,
+                    end INTEGER NOT NULL, PRIMARY KEY (stream, seq, first, end)) WITHOUT ROWID;
+                INSERT INTO seen_ranges SELECT stream, seq, 0, {WHOLE_BATCH_END} FROM seen;
+                DROP TABLE seen;
+                ALTER TABLE seen_ranges RENAME TO seen;
+                COMMIT;""")
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
@@ -110,14 +129,21 @@ class Store:
     def ingest(self, batch) -> bool:
         """Store one validated EventBatch; False when it was already stored (a replay)."""
         now = time.time()
-        steps = batch.steps
+        first, end = batch.record_range()
         with self._write_lock:
             w = self._writer
             w.execute("BEGIN IMMEDIATE")
             try:
-                if w.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)", (batch.stream, batch.seq)).rowcount == 0:
+                stored = w.execute("SELECT first, end FROM seen WHERE stream = ? AND seq = ?",
+                                   (batch.stream, batch.seq)).fetchall()
+                todo = uncovered(first, end, stored) if end > first else ([] if stored else [(first, end)])
+                if not todo:  # a replay: every record of it is stored already
                     w.execute("ROLLBACK")
                     return False
+                w.execute("INSERT OR IGNORE INTO seen VALUES (?, ?, ?, ?)", (batch.stream, batch.seq, first, end))
+                if todo != [(first, end)]:  # split differently before: only the records not stored yet
+                    batch = only_records(batch, first, todo)
+                steps = batch.steps
                 self._upsert_run(w, batch, now)
                 # A replayed batch carries an older account: the highest sequence number wins.
                 delivery = None if batch.delivery is None else orjson.dumps(
@@ -153,7 +179,7 @@ class Store:
                 if isinstance(exc, orjson.JSONEncodeError):  # an integer past 64 bits in a free-form field
                     raise ValueError(f"batch cannot be stored: {exc}") from None
                 raise
-        self.ingested_records += len(steps)
+        self.ingested_records += len(batch.steps)
         self.versions[batch.run_id] += 1
         self.version += 1
         return True
@@ -248,6 +274,30 @@ class Store:
                 "epoch_min = min(epoch_min, excluded.epoch_min), epoch_max = max(epoch_max, excluded.epoch_max)",
                 [(rid, batch.rank, name, *row) for row in zip(*(c.tolist() for c in columns))])
             self._save_stats(w, rid, batch.stream, batch.rank, name, stats)
+
+    def note_rejected_file(self, run_id: str, stream: str, file: str, reason: str, records: int | None) -> None:
+        """A spool file that could not be ingested: counted in its run's account (a run row is
+        made for it when none exists, so the loss is shown)."""
+        now = time.time()
+        with self._write_lock:
+            w = self._writer
+            w.execute("BEGIN IMMEDIATE")
+            try:
+                w.execute("INSERT OR IGNORE INTO runs (id, name, meta, first_seen, last_seen) VALUES (?, ?, ?, ?, ?)",
+                          (run_id, run_id, orjson.dumps({"id": run_id, "name": run_id}).decode(), now, now))
+                w.execute("INSERT INTO rejected_files VALUES (?, ?, ?, ?, ?, ?)",
+                          (run_id, stream, file, reason[:500], records, now))
+                w.execute("COMMIT")
+            except BaseException:
+                w.execute("ROLLBACK")
+                raise
+            self.versions[run_id] += 1
+            self.version += 1
+
+    def rejected_files(self, run_id: str) -> list[dict]:
+        rows = self.reader().execute("SELECT stream, file, reason, records FROM rejected_files WHERE run_id = ? "
+                                     "ORDER BY rowid", (run_id,)).fetchall()
+        return [{"stream": r[0], "file": r[1], "reason": r[2], "records": r[3]} for r in rows]
 
     def step_range(self, run_id: str) -> tuple[int, int] | None:
         """The rowids between which a run's step rows lie (interleaved with other runs')."""
@@ -367,7 +417,8 @@ class Store:
                 for first, last in w.execute("SELECT first_rowid, last_rowid FROM step_blocks WHERE run_id = ?",
                                              (run_id,)).fetchall():
                     w.execute("DELETE FROM steps WHERE rowid BETWEEN ? AND ?", (first, last))
-                for table in ("step_blocks", "rollups", "phases", "events", "loaders", "streams", "tunings"):
+                for table in ("step_blocks", "rollups", "phases", "events", "loaders", "streams", "tunings",
+                              "rejected_files"):
                     w.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
                 # `seen` stays: a late replay of a deleted run's batch must not resurrect it.
                 w.execute("COMMIT")
@@ -380,3 +431,26 @@ class Store:
             self.version += 1
             self.deletions += 1
         return found
+
+
+def only_records(batch, first: int, ranges: list[tuple[int, int]]):
+    """The batch (a part [first, ...) of its sequence, batch_parts.py) keeping only the records
+    in `ranges`, and the phases of the step records kept."""
+    keep = lambda i: any(a <= i < b for a, b in ranges)  # noqa: E731 - few ranges
+    update = {}
+    offset = first
+    for kind in ("steps", "samples", "workers", "stalls"):
+        if kind == "steps":
+            n = len(batch.steps)
+            mask = [keep(offset + i) for i in range(n)]
+            columns = {name: [v for v, m in zip(getattr(batch.steps, name), mask) if m]
+                       for name in type(batch.steps).model_fields}
+            update["steps"] = batch.steps.model_copy(update=columns)
+            kept = set(zip(columns["loader"], columns["epoch"], columns["step"]))
+            update["phases"] = [p for p in batch.phases if tuple(p[:3]) in kept]
+        else:
+            items = getattr(batch, kind)
+            n = len(items)
+            update[kind] = [item for i, item in enumerate(items) if keep(offset + i)]
+        offset += n
+    return batch.model_copy(update=update)

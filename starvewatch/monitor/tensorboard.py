@@ -4,10 +4,14 @@ not by the training process. One event file directory per run (DIR/<run id>/), t
 steps so far. Optional (`pip install 'starvewatch[tensorboard]'`); imported only when asked for."""
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
+from ..logonce import RateLimitedLog
 from .metrics import fleet_metrics
+
+_errors = RateLimitedLog(logging.getLogger("starvewatch.collector"))
 
 
 def _tb():
@@ -64,10 +68,16 @@ class TensorBoardWriter:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            try:
-                self.write_once()
-            except Exception:  # a full disk must not take the collector down
-                pass
+            self._write_logged()
+
+    def _write_logged(self) -> None:
+        """One write; a failure (a full disk, a query error) is said once per kind and per 5
+        minutes, and the writes go on: it must not take the collector down, nor stay silent."""
+        try:
+            self.write_once()
+        except Exception as exc:  # noqa: BLE001 - logged, never swallowed
+            _errors.error(f"tensorboard:{type(exc).__name__}", "TensorBoard scalars to %s not written: %s: %s",
+                          self.directory, type(exc).__name__, exc)
 
     def write_once(self) -> int:
         query = self._get_query()
@@ -109,9 +119,10 @@ class TensorBoardWriter:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
-        try:
-            self.write_once()  # the runs' last values
-        except Exception:
-            pass
+        self._write_logged()  # the runs' last values
         for writer in self._writers.values():
-            writer.close()
+            try:
+                writer.close()
+            except Exception as exc:  # noqa: BLE001 - logged: the other runs' files still close
+                _errors.error(f"tensorboard-close:{type(exc).__name__}", "TensorBoard file in %s not closed: %s",
+                              self.directory, exc)

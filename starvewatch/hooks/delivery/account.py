@@ -6,8 +6,11 @@ is what its files hold right now. Reasons: `spool_full` (the oldest batches made
 `disk_full`, `spool_unwritable` (read-only or no permission), `spool_error` (another I/O
 error), `rejected` (the collector refused the batch as invalid: kept in `rejected/`),
 `too_large` (a single record over the collector's body limit), `sidecar_died` (let go past
-the bound of unacknowledged bytes, then the sidecar died), `buffer_full` (the hot path's
-buffer was full).
+the bound of unacknowledged bytes, then the sidecar died), `sidecar_error` (the sidecar failed
+to build or deliver a batch), `buffer_full` (the hot path's buffer was full). `spool_error` also
+counts a spool file whose content could not be read back (it is kept in `rejected/`);
+`unreadable_spool` a spooled file the collector's sweep took but could not ingest (it set it
+aside in `rejected/`).
 """
 from __future__ import annotations
 
@@ -40,9 +43,15 @@ def add_accounts(*accounts: dict) -> dict:
     return out
 
 
+# Problems that end when the collector answers again: said once per outage, not per process.
+OUTAGE_KINDS = frozenset({"unreachable", "unavailable", "slow", "token"})
+
+
 class Warnings:
     """One console line per kind of problem, the first time it happens: the training console
-    must learn that records are held back or lost, once, not on every batch."""
+    must learn that records are held back or lost, once, not on every batch. A collector
+    problem (OUTAGE_KINDS) is said again when it comes back after delivery recovered, and the
+    recovery itself is one line."""
 
     def __init__(self, quiet: bool = False, stream=None) -> None:
         self.quiet = quiet
@@ -55,11 +64,44 @@ class Warnings:
             if kind in self.said:
                 return
             self.said.add(kind)
+        self._print(f"starvewatch: warning: {text}")
+
+    def recovered(self, text: str) -> None:
+        """Delivery works again: say so when an outage was said, and forget the outage's kinds."""
+        with self._lock:
+            outage = self.said & OUTAGE_KINDS
+            if not outage:
+                return
+            self.said -= outage
+        self._print(f"starvewatch: {text}")
+
+    def _print(self, line: str) -> None:
         if not self.quiet:
             try:
-                print(f"starvewatch: warning: {text}", file=self.stream or sys.stderr, flush=True)
+                print(line, file=self.stream or sys.stderr, flush=True)
             except (OSError, ValueError):  # no console left: nothing to tell
                 pass
+
+
+_QUIET_LOGGERS = ("starvewatch.hooks", "starvewatch.delivery", "starvewatch.sidecar")
+_quiet_handler = None
+
+
+def quiet_console(quiet: bool) -> None:
+    """STARVEWATCH_QUIET=1: the training process's own log lines (rate-limited errors of the
+    shipper, the spool, the sidecar) stay off the console. Python prints a record to stderr
+    only when no handler exists on its way up ("last resort"); a NullHandler on our loggers
+    ends that, while the records still propagate to the user's own handlers."""
+    import logging
+    global _quiet_handler
+    if quiet and _quiet_handler is None:
+        _quiet_handler = logging.NullHandler()
+        for name in _QUIET_LOGGERS:
+            logging.getLogger(name).addHandler(_quiet_handler)
+    elif not quiet and _quiet_handler is not None:
+        for name in _QUIET_LOGGERS:
+            logging.getLogger(name).removeHandler(_quiet_handler)
+        _quiet_handler = None
 
 
 def rejected_dir(spool_dir) -> str:

@@ -8,10 +8,12 @@ import logging
 import threading
 import time
 
+from ...limits import MAX_STEP_RECORDS
 from ...logonce import RateLimitedLog
 from ...schema import EVENTS_SCHEMA
 from ..cuda import PENDING
-from ...record_layout import R_GPU, Segment, reads_steps
+from ...record_layout import READS_RECORD_LEN, R_GPU, Segment, count_steps, reads_steps
+from .account import quiet_console
 from .records import RecordBook
 from .transport import TransportError
 
@@ -25,6 +27,16 @@ SEGMENT_ROTATE_READS = 8192
 SEGMENT_TAKE_STEPS = 4096  # steps per reads record: the sidecar's batches stay small
 
 _errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
+
+
+def _records_within(records: list[tuple], steps: int) -> int:
+    """How many records from the front hold at most `steps` steps (at least one record)."""
+    total = 0
+    for i, record in enumerate(records):
+        total += reads_steps(record) if len(record) == READS_RECORD_LEN else 1
+        if total > steps:
+            return max(1, i)
+    return len(records)
 
 
 class Shipper(threading.Thread):
@@ -45,6 +57,7 @@ class Shipper(threading.Thread):
         self._segments: list[Segment] = []  # fast-path segments still running or not all taken
         self.shipped_records = 0
         self.errors: list[str] = []
+        quiet_console(session.settings.quiet)
 
     # ---- thread ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -190,7 +203,7 @@ class Shipper(threading.Thread):
         not keep one cycle from ever ending."""
         session = self.session
         pipeline = self.pipeline
-        limit = session.settings.max_batch_records
+        limit = min(session.settings.max_batch_records, MAX_STEP_RECORDS)  # limits.py: the collector's
         deadline = time.monotonic() + session.settings.flush_timeout_s if final else None
         extra = session.drain_events()
         backlog = self._take(len(session.buffer))
@@ -199,8 +212,14 @@ class Shipper(threading.Thread):
         try:
             while True:
                 n = min(pipeline.chunk, left)
-                left -= n
                 records = backlog[start:start + n]
+                # A batch holds at most `limit` steps: a chunk of reads records can hold
+                # millions (SEGMENT_TAKE_STEPS each), so it is cut by steps, not by records.
+                n = len(records) if pipeline.pending() + len(records) <= limit and \
+                    count_steps(records) <= limit - pipeline.pending() else \
+                    _records_within(records, limit - pipeline.pending())
+                records = records[:n]
+                left -= n
                 start += n
                 if self._pending_gpu or (records and session.gpu_timer_if_any() is not None):
                     records = self._resolve_gpu(records, final and left <= 0)

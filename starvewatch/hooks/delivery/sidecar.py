@@ -151,8 +151,8 @@ class Sidecar:
                 except Exception as exc:  # never fatal, never silent: the records are counted
                     lost = sum(count_steps(marshal.loads(part)) for part in parts)
                     self.delivery._drop("sidecar_error", lost)
-                    print(f"starvewatch: warning: the sidecar could not deliver {lost} step records "
-                          f"({exc!r}); counted as dropped", file=sys.stderr, flush=True)
+                    self.delivery.warnings.once("sidecar_error", f"the sidecar could not deliver {lost} step "
+                                                                 f"records ({exc!r}); counted as dropped")
                 # The book and the account first: the training process takes them over with
                 # the acknowledgement (both include this batch).
                 self.send({"kind": "book", "book": self.pipeline.book().to_dict()})

@@ -20,8 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 
-from ...spool_format import file_name
-from .account import add_accounts, empty_account
+from .account import add_accounts, empty_account, quiet_console
 from ...record_layout import count_steps
 from .records import CHUNK, LocalPipeline, RecordBook
 from .transport import dumps
@@ -114,6 +113,7 @@ class SidecarLink:
     @classmethod
     def start(cls, session) -> "SidecarLink | None":
         settings = session.settings
+        quiet_console(settings.quiet)  # before anything here may log
         delivers = session.transport is None or session.delivers_over_http
         config = {"pid": os.getpid(), "wall_offset_ns": session.wall_offset_ns,
                   "host_interval_s": settings.host_interval_s,
@@ -358,7 +358,7 @@ class SidecarPipeline:
         # spooled them after its last report), so no record is in two places.
         spool = self.local.delivery.spool
         for seq in self._unacked:
-            spool.remove(spool.directory / file_name(seq))
+            spool.remove_batch(seq)
         settled = self.link.account or empty_account()
         # Spooled records the sidecar reported that are gone now were delivered meanwhile (its
         # replay, or the collector's sweep of the spool directory).

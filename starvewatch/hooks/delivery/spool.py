@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 
 from ...logonce import RateLimitedLog
-from ...spool_format import SUFFIX, file_name, read_spool_file
+from .account import rejected_dir
+from ...spool_format import SUFFIX, file_name, read_spool_file, seq_of
 
 _spool_errors = RateLimitedLog(logging.getLogger("starvewatch.delivery"))
 
@@ -27,30 +28,52 @@ class Spool:
         self.dropped_payloads = 0
         self.dropped_records = 0
         self.vanished_records = 0  # in files the collector's sweep took: acknowledged
+        self.set_aside_records = 0  # in files the sweep could not ingest and moved to rejected/
         self._index: dict[str, tuple[int, int]] | None = None  # file name -> (bytes, records)
         # Whether files may be waiting: kept in memory, so a healthy delivery never lists the
         # directory (each syscall on the shipper thread costs the training thread a GIL switch).
         # The collector can ingest the spool itself, so True is a hint that replay corrects.
         self._maybe_pending: bool | None = None
+        # Delivered files that could not be removed (a read-only directory): never replayed or
+        # counted again; their removal is tried again at each listing.
+        self._delivered: set[str] = set()
 
     @property
     def maybe_pending(self) -> bool:
         if self._maybe_pending is None:
-            self._maybe_pending = bool(self._files())
+            files = self._files()
+            self._maybe_pending = True if files is None else bool(files)
         return self._maybe_pending
 
-    def _files(self) -> list[Path]:
+    def _files(self) -> list[Path] | None:
+        """The pending files, oldest first; None when the directory cannot be listed now (an
+        I/O error): unknown is not empty, so nothing is counted as taken by the collector."""
         try:
-            return sorted(p for p in self.directory.iterdir() if p.name.endswith(SUFFIX))
+            files = sorted(p for p in self.directory.iterdir() if p.name.endswith(SUFFIX))
         except (FileNotFoundError, NotADirectoryError):
             return []
-        except OSError:
-            return []
+        except OSError as exc:
+            _spool_errors.error("list", "starvewatch: cannot list the spool at %s (%s); trying again later",
+                                self.directory, exc)
+            return None
+        if self._delivered:
+            delivered, self._delivered = self._delivered, set()
+            for path in [p for p in files if p.name in delivered]:
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    self._delivered.add(path.name)  # still there: tried again at the next listing
+            files = [p for p in files if p.name not in delivered]
+        return files
 
     def _known(self) -> dict[str, tuple[int, int]]:
         if self._index is None:
             self._index = {}
-            self._reconcile(self._files())
+            files = self._files()
+            if files is not None:
+                self._reconcile(files)
         return self._index
 
     def _reconcile(self, files: list[Path]) -> None:
@@ -60,7 +83,12 @@ class Spool:
         self._index = index
         names = {p.name for p in files}
         for name in [n for n in index if n not in names]:
-            self.vanished_records += index.pop(name)[1]
+            records = index.pop(name)[1]
+            # The sweep sets a file it cannot ingest aside in rejected/: not stored, so not acknowledged.
+            if os.path.exists(os.path.join(rejected_dir(self.directory), name)):
+                self.set_aside_records += records
+            else:
+                self.vanished_records += records
         for path in files:
             if path.name not in index:
                 try:
@@ -69,8 +97,13 @@ class Spool:
                     continue
 
     def pending(self) -> list[Path]:
+        """The files to replay, oldest first; [] when the directory cannot be listed now
+        (the index and the hint stay as they were: replay tries again later)."""
         files = self._files()
         self._known()
+        if files is None:
+            self._maybe_pending = True
+            return []
         self._reconcile(files)
         self._maybe_pending = bool(files)
         return files
@@ -88,12 +121,13 @@ class Spool:
             self.pending()  # the sweep may have taken some
         return sum(records for _, records in self._known().values())
 
-    def write(self, seq: int, body: bytes, records: int) -> None:
-        """Raises OSError when the file cannot be written (a full or read-only disk)."""
+    def write(self, seq: int, body: bytes, records: int, first: int | None = None) -> None:
+        """A batch, or the part of it starting at record `first` (spool_format.py). Raises
+        OSError when the file cannot be written (a full or read-only disk)."""
         data = gzip.compress(body, compresslevel=1)
         self._make_room(len(data))
-        final = self.directory / file_name(seq)
-        tmp = final.with_suffix(".tmp")
+        final = self.directory / file_name(seq, first)
+        tmp = final.with_name(final.name + ".tmp")
         try:
             try:
                 f = open(tmp, "wb")
@@ -117,7 +151,7 @@ class Spool:
         if self.bytes + incoming <= self.max_bytes:
             return
         self.pending()  # the collector's sweep may have made room already
-        for path in self._files():  # oldest first
+        for path in self._files() or ():  # oldest first
             if self.bytes + incoming <= self.max_bytes:
                 break
             size, records = index.get(path.name, (0, 0))
@@ -136,13 +170,25 @@ class Spool:
             self.dropped_records += records
 
     def remove(self, path: Path) -> int:
-        """Remove a file that was delivered; returns its records (0 when it was already gone)."""
+        """Remove a file that was delivered; returns its records (0 when it was already gone).
+        A file that cannot be removed (a read-only directory) is remembered as delivered: it
+        is never replayed or counted again."""
         entry = self._known().pop(path.name, None)
         try:
             path.unlink()
-        except OSError:  # already gone (the collector's sweep), or a read-only directory
+        except FileNotFoundError:  # the collector's sweep took it
             pass
+        except OSError as exc:
+            self._delivered.add(path.name)
+            _spool_errors.error("remove", "starvewatch: delivered spool file %s cannot be removed (%s); "
+                                "it is not sent again", path, exc)
         return entry[1] if entry else 0
+
+    def remove_batch(self, seq: int) -> int:
+        """Remove every file of batch `seq` (the whole batch, or its parts); returns their records."""
+        listed = [p.name for p in self._files() or ()]
+        names = {file_name(seq)} | {name for name in [*self._known(), *listed] if seq_of(name) == seq}
+        return sum(self.remove(self.directory / name) for name in sorted(names))
 
     def forget(self, path: Path) -> int:
         """A file moved elsewhere (rejected/): out of the index; returns its records."""

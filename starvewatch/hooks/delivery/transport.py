@@ -3,21 +3,30 @@
 The spool is the safety net: when the collector is down or slow, batches are written there
 (gzip JSON, one file per sequence number, written atomically; the format is
 starvewatch/spool_format.py, the directory spool.py) and replayed in order when it answers
-again. The collector dedups by (stream, seq), so a replay never duplicates anything.
+again. Every batch sent or spooled keeps within the collector's limits (starvewatch/limits.py):
+a larger one is split into parts by record range (starvewatch/batch_parts.py), and the collector
+stores each record range of a (stream, seq) once, so a replay never duplicates anything.
 """
 from __future__ import annotations
 
 import gzip
 import http.client
 import json
+import logging
 import os
+import random
 import time
 import urllib.parse
 from pathlib import Path
 
 from .account import SlowWatch, Warnings, drop_reason, rejected_dir
-from ...spool_format import file_name, read_spool_file
+from ...batch_parts import split
+from ...limits import MAX_DECOMPRESSED_BYTES, MAX_LIST_RECORDS
+from ...logonce import RateLimitedLog
+from ...spool_format import SpoolFileError, file_name, read_spool_file
 from .spool import Spool, _records_in
+
+_replay_errors = RateLimitedLog(logging.getLogger("starvewatch.delivery"))
 
 
 _dumps = None
@@ -167,6 +176,10 @@ class Delivery:
         # known limit is never sent over again.
         self.max_records: int | None = None
         self._slow = SlowWatch(self.SLOW_S, self._say_slow)
+        # Jitter on every back-off: hundreds of ranks that lost the collector together must not
+        # come back to it in lockstep.
+        self.random = random.Random()
+        self._failing_since: float | None = None  # wall clock of the first failure of an outage
 
     def _say_slow(self, elapsed_s: float) -> None:
         url = getattr(self.transport, "url", "the collector")
@@ -176,10 +189,12 @@ class Delivery:
 
     # ---- the account --------------------------------------------------------------------------
     def account(self) -> dict:
+        spooled = self.spool.records  # first: the listing updates what the collector took or set aside
         dropped = dict(self._dropped)
         if self.spool.dropped_records:
             dropped["spool_full"] = self.spool.dropped_records
-        spooled = self.spool.records
+        if self.spool.set_aside_records:
+            dropped["unreadable_spool"] = self.spool.set_aside_records
         return {"acknowledged": self.acknowledged + self.spool.vanished_records, "spooled": spooled,
                 "dropped": dropped}
 
@@ -197,11 +212,21 @@ class Delivery:
     def _failed(self, exc: Exception) -> None:
         self.failures += 1
         self.last_error = str(exc)
-        self._retry_at = time.monotonic() + self._backoff_s
+        if self._failing_since is None:
+            self._failing_since = time.time()
+        # "Equal jitter": between half and all of the back-off, so a retry never comes sooner
+        # than half of it, and retries of many processes spread over the other half.
+        self._retry_at = time.monotonic() + self._backoff_s * (0.5 + 0.5 * self.random.random())
         self._backoff_s = min(self.max_backoff_s, self._backoff_s * 2)
 
     def _succeeded(self) -> None:
         self._backoff_s = self.min_backoff_s
+        if self._failing_since is not None:
+            lasted_s = time.time() - self._failing_since
+            self._failing_since = None
+            self._slow = SlowWatch(self.SLOW_S, self._say_slow)  # a later slow spell is said again
+            self.warnings.recovered(f"delivery recovered: the collector at {getattr(self.transport, 'url', '?')} "
+                                    f"accepts batches again (after {lasted_s:.0f} s); the spool is replayed")
 
     def reset_backoff(self) -> None:
         """The collector was just found: retry at once."""
@@ -212,18 +237,35 @@ class Delivery:
     def deliver(self, payload: dict, body: bytes | None = None, deadline: float | None = None) -> None:
         """Send one batch, or spool it: when the collector is down, backing off, behind a
         backlog (order matters), or the flush `deadline` (monotonic) has passed."""
-        body = body if body is not None else dumps(payload)
-        records = _records_in(payload)
-        if self.transport is None or time.monotonic() < self._retry_at or self._backlog() \
-                or (deadline is not None and time.monotonic() > deadline):
-            self._spool(payload["seq"], body, records)
-            return
-        if not self._try_send(payload, body, records):
-            self._spool(payload["seq"], body, records)
+        for part, part_body in self._fit(payload, body):
+            records = _records_in(part)
+            if self.transport is None or time.monotonic() < self._retry_at or self._backlog() \
+                    or (deadline is not None and time.monotonic() > deadline):
+                self._spool(part, part_body, records)
+            elif not self._try_send(part, part_body, records):
+                self._spool(part, part_body, records)
 
-    def _spool(self, seq: int, body: bytes, records: int) -> None:
+    def _fit(self, payload: dict, body: bytes | None = None):
+        """The batch as parts within the collector's limits (records per list, the inflated
+        body's size, the step records per request learned from a 413), each with its body;
+        one at a time, so a big backlog is never held twice in memory."""
+        parts = split(payload, MAX_LIST_RECORDS, self.max_records)
+        for part in parts:
+            part_body = body if body is not None and len(parts) == 1 else dumps(part)
+            yield from self._within_bytes(part, part_body)
+
+    def _within_bytes(self, part: dict, part_body: bytes):
+        steps = _records_in(part)
+        if len(part_body) <= MAX_DECOMPRESSED_BYTES or steps <= 1:
+            yield part, part_body
+            return
+        for half in split(part, MAX_LIST_RECORDS, steps // 2):  # long names, many phases
+            yield from self._within_bytes(half, dumps(half))
+
+    def _spool(self, payload: dict, body: bytes, records: int) -> None:
+        part = payload.get("part")
         try:
-            self.spool.write(seq, body, records)
+            self.spool.write(payload["seq"], body, records, first=None if part is None else part[0])
         except OSError as exc:
             reason = drop_reason(exc)
             self._drop(reason, records)
@@ -284,41 +326,30 @@ class Delivery:
         return True
 
     def _send_fitting(self, payload: dict, body: bytes | None, records: int) -> int:
-        """Send within the collector's known limit, splitting on a 413; returns the number
-        of single records dropped as too large. Raises TransportError to retry later (the
-        parts already sent are deduplicated by the collector on a resend)."""
-        if self.max_records is not None and records > self.max_records:
-            return self._send_split(payload, self.max_records)
+        """Send within the collector's limits, splitting by record range on a 413; returns the
+        number of single step records dropped as too large. Raises TransportError to retry
+        later (the parts already sent are stored once by the collector on a resend: it keeps
+        the record ranges of each batch)."""
+        parts = split(payload, MAX_LIST_RECORDS, self.max_records)
+        if len(parts) > 1:
+            return sum(self._send_fitting(part, None, _records_in(part)) for part in parts)
         try:
             self.transport.send(payload, body)
             return 0
         except TooLargeError:
-            if records <= 1 and not payload.get("loaders") and not payload.get("run"):
-                return records  # one record alone is over the limit
-            self.max_records = max(1, records // 2) if self.max_records is None \
-                else max(1, min(self.max_records, records // 2))
-            return self._send_split(payload, self.max_records)
-
-    def _send_split(self, payload: dict, size: int) -> int:
-        """The header (loaders, totals, samples, status: everything but the steps) under the
-        batch's own sequence number, then the steps in parts of `size` under a sub-stream of
-        their own (`<stream>.<seq>`, finished, no totals: nothing is counted twice)."""
-        steps = payload.get("steps") or {}
-        n = _records_in(payload)
-        header = {**payload, "steps": {name: [] for name in steps}}
-        self.transport.send(header)
-        too_large = 0
-        for part, first in enumerate(range(0, n, size), start=1):
-            piece = {"schema": payload["schema"], "run_id": payload["run_id"], "rank": payload.get("rank", 0),
-                     "stream": f"{payload['stream']}.{payload['seq']}", "seq": part, "status": "finished",
-                     "steps": {name: values[first:first + size] for name, values in steps.items()}}
-            too_large += self._send_fitting(piece, None, _records_in(piece))
-        return too_large
+            smaller = max(1, records // 2)
+            self.max_records = smaller if self.max_records is None else max(1, min(self.max_records, smaller))
+            parts = split(payload, MAX_LIST_RECORDS, self.max_records)
+            if len(parts) == 1:
+                return records  # one record alone (or the batch's other lists) is over the limit
+            return sum(self._send_fitting(part, None, _records_in(part)) for part in parts)
 
     def _reject(self, payload: dict, body: bytes | None, records: int, spooled: Path | None,
                 exc: RejectedError) -> None:
         """An invalid batch: out of the replay loop, into `rejected/` (for a bug report), counted."""
-        target = Path(rejected_dir(self.spool.directory)) / file_name(payload["seq"])
+        part = payload.get("part")
+        target = Path(rejected_dir(self.spool.directory)) / (
+            spooled.name if spooled is not None else file_name(payload["seq"], None if part is None else part[0]))
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             if spooled is not None:
@@ -334,6 +365,20 @@ class Delivery:
         self.warnings.once("rejected", f"the collector rejected a batch of {records} step records as invalid "
                                        f"({exc.status}): it is kept in {target.parent} and counted as dropped "
                                        f"({str(exc)[:200]})")
+
+    def _set_aside(self, path: Path, exc: Exception) -> None:
+        """A spool file that cannot be read back as a batch: moved to rejected/, its records
+        (as the index knows them) counted as `spool_error`."""
+        target = Path(rejected_dir(self.spool.directory)) / path.name
+        records = self.spool.forget(path)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+        except OSError:
+            self.spool.remove(path)
+        self._drop("spool_error", records)
+        self.warnings.once("spool_error", f"spool file {path.name} cannot be read back ({exc}): it is kept in "
+                                          f"{target.parent} and its {records} step records are counted as dropped")
 
     def flush(self, deadline: float) -> bool:
         """At the end of the run: one more try whatever the back-off, then the spool keeps
@@ -356,9 +401,13 @@ class Delivery:
                 payload = read_spool_file(path)
             except FileNotFoundError:
                 continue  # the collector ingested it from the spool directly
-            except (OSError, ValueError):
-                self._drop("spool_error", self.spool.remove(path))  # a torn file from a crash
+            except SpoolFileError as exc:  # its content is not a batch: kept for a bug report, counted
+                self._set_aside(path, exc)
                 continue
+            except OSError as exc:  # the file may be fine: keep it, try again at the next replay
+                _replay_errors.error("read", "starvewatch: cannot read spool file %s now (%s); "
+                                     "trying again later", path, exc)
+                return False
             records = _records_in(payload)
             if not self._try_send(payload, None, records, spooled=path):
                 return False

@@ -1,0 +1,41 @@
+"""The collector's limits on one event batch: a contract between the training process, which
+keeps every batch it sends or spools within them (hooks/delivery/transport.py, splitting a
+batch by record range, starvewatch/batch_parts.py), and the collector, which refuses more
+(monitor/models.py, monitor/app.py) and splits an older spool file that holds more
+(monitor/spool_import.py). A leaf module: both sides import it, it imports nothing.
+
+`STARVEWATCH_MAX_BATCH_RECORDS` lowers (never raises) the per-list step limit, and the other
+lists' limits with it, on both sides: tests and benchmarks use it to outrun delivery in
+seconds. Set it for the collector and the training processes alike.
+"""
+from __future__ import annotations
+
+import os
+
+MAX_BODY_BYTES = 4 * 1024 * 1024            # a request body as sent (gzip)
+MAX_DECOMPRESSED_BYTES = 32 * 1024 * 1024   # the body (or a spool file) once inflated
+
+_STEPS = 50_000
+
+
+def _lowered(default: int) -> int:
+    raw = os.environ.get("STARVEWATCH_MAX_BATCH_RECORDS", "")
+    try:
+        value = int(raw)
+    except ValueError:
+        return default
+    return default if value < 1 else min(default, value)
+
+
+MAX_STEP_RECORDS = _lowered(_STEPS)
+_SCALE = MAX_STEP_RECORDS / _STEPS
+
+# Records per list of one batch. Phases are per step (a few named phases each); the event
+# lists are small in a healthy run (a few per shipping interval) but grow with a backlog.
+MAX_LIST_RECORDS = {
+    "steps": MAX_STEP_RECORDS,
+    "phases": MAX_STEP_RECORDS * 8,
+    "samples": max(1, int(10_000 * _SCALE)),
+    "workers": max(1, int(10_000 * _SCALE)),
+    "stalls": max(1, int(1_000 * _SCALE)),
+}
