@@ -96,9 +96,10 @@ def test_compare_panel_shows_verification():
                                    "expected_speedup": 2.0}], "run": {"id": "a"}}
     after = {"loaders": [{"name": "train", "input_wait_fraction": 0.05, "batches_per_s": 21.0,
                           "wait_ms": {"p95": 2.0}, "config": {"num_workers": 4}}], "run": {"id": "b"}}
-    from starvewatch.monitor.diagnosis import verify
-    text = _text(views.compare_panel(before, after, verify(before, after)))
-    assert "2.10x" in text and "confirmed" in text
+    from starvewatch.monitor.compare import comparison
+    text = _text(views.compare_view(comparison(before, after)))
+    assert "measured 2.10x" in text and "predicted 2.00x" in text and "confirmed" in text
+    assert "-93.3% (0.0667x)" in text  # wait p95 30 ms -> 2 ms: a readable change, not "0.07x"
 
 
 def test_layout_polls_every_second():

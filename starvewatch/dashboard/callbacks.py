@@ -10,7 +10,9 @@ from plotly.utils import PlotlyJSONEncoder
 from starlette.concurrency import run_in_threadpool
 
 from ..monitor import figures
-from ..monitor.diagnosis import verify
+from ..ids import url_segment
+from ..monitor import compare
+from ..monitor.compare_figures import figures_for
 from ..monitor.query import NotFound
 from . import answer, layout, views
 
@@ -111,6 +113,19 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
     }
 
 
+def compare_result(query, a: str, b: str) -> html.Div:
+    """The compare page's body for runs a (before) and b (after), or why there is none."""
+    try:
+        _, _, comp, distributions, series = compare.gather(
+            query.summary, query.distributions, lambda run, loader: query.rollup_series(run, loader=loader, points=300),
+            a, b)
+    except NotFound as exc:
+        return html.P(str(exc), id="compare-unknown")
+    links = html.P(["before: ", dcc.Link(a, href=f"/runs/{url_segment(a)}"), " · after: ",
+                    dcc.Link(b, href=f"/runs/{url_segment(b)}")], className="sw-subtitle")
+    return html.Div([links, views.compare_view(comp, figures_for(comp, distributions, series))])
+
+
 OUTPUTS = ("title", "banner", "recommendations", "advice", "kpis", "loader_options", "loader", "timeline",
            "fraction", "system", "histogram", "compute_histogram", "workers", "ranks", "config")
 
@@ -187,11 +202,4 @@ def register(app, get_query) -> None:
         a, b = _text(a), _text(b)
         if not a or not b:
             return html.P("Pick a run before and a run after a change.")
-        query = get_query()
-        try:
-            before, after = await run_in_threadpool(lambda: (query.summary(a), query.summary(b)))
-        except NotFound as exc:
-            return html.P(str(exc))
-        links = html.P(["before: ", dcc.Link(a, href=f"/runs/{quote(a)}"), " · after: ",
-                        dcc.Link(b, href=f"/runs/{quote(b)}")], className="sw-subtitle")
-        return html.Div([links, views.compare_panel(before, after, verify(before, after))])
+        return await run_in_threadpool(compare_result, get_query(), a, b)

@@ -6,7 +6,7 @@ from dash import dcc, html
 from ..ids import url_segment
 from ..monitor import figures
 from ..monitor.diagnosis import joint_changes_note
-from ..monitor.export import compare_rows, measured_with_interval
+from ..monitor import compare
 from .quantities import human_bytes
 from ..monitor.findings import stall_where
 
@@ -150,19 +150,53 @@ def ranks_panel(per_rank: dict[int, dict], stragglers: dict | None = None) -> ht
     return html.Div(parts, id="ranks-panel")
 
 
-def compare_panel(before: dict, after: dict, verification: dict | None) -> html.Div:
-    rows = [list(r) for r in compare_rows(before, after)]
-    parts = [table(["loader", "metric", "before", "after", "after/before"], rows, "compare-table")]
-    if verification:
-        vrows = [[r["loader"], f"{r['parameter']}={r['suggested']!r}", "yes" if r["applied"] else "no",
-                  num(r.get("judged_against") or r["expected_speedup"], 2, "x"), measured_with_interval(r),
-                  badge_status(r["status"])]
-                 for r in verification["results"]]
-        parts += [html.H4("Verify after change"),
-                  table(["loader", "change", "applied", "expected", "measured (95% interval)", "verdict"], vrows, "verify-table"),
-                  *[html.P(note, className="note") for note in joint_changes_note(verification)]]
+def compare_view(comp: dict, charts: dict | None = None) -> html.Div:
+    """Two runs side by side (monitor/compare.py): the metric changes, the configuration with
+    what changed highlighted, the verify-after-change verdict with its intervals drawn, then the
+    distributions overlaid and the series on one time axis, per pair of loaders."""
+    def graph(fig, graph_id):
+        return html.Div(dcc.Graph(figure=fig, id=graph_id, config={"displaylogo": False}), className="sw-card")
+
+    parts = [html.P(f"loader {p['before']} compared with {p['after']} (each run's only loader)", className="note")
+             for p in comp["pairs"] if p["by"] == "only loader"]
+    for side in ("before", "after"):
+        if comp["unpaired"][side]:
+            parts.append(html.P(f"only in the {side} run: {', '.join(comp['unpaired'][side])}", className="note"))
+    if comp["metrics"]:
+        parts.append(table(["loader", "metric", "before", "after", "change"],
+                           [[r["loader"], r["metric"], compare.value_text(r["before"], r["kind"]),
+                             compare.value_text(r["after"], r["kind"]), compare.change_text(r)]
+                            for r in comp["metrics"]], "compare-table"))
     else:
-        parts.append(html.P("The loader configurations are the same: nothing to verify."))
+        parts.append(html.P("No loader of one run pairs with a loader of the other: nothing to compare.",
+                            id="compare-nothing"))
+    if comp["config"]:
+        rows = [html.Tr([html.Td(r["loader"]), html.Th(r["setting"]),
+                         html.Td(html.Code(compare.setting_text(r["before"], r["before_set"]))),
+                         html.Td(html.Code(compare.setting_text(r["after"], r["after_set"])))],
+                        className="sw-changed" if r["changed"] else None) for r in comp["config"]]
+        parts += [html.H4("Configuration (changed settings highlighted)"),
+                  html.Table([html.Thead(html.Tr([html.Th(h) for h in ("loader", "setting", "before", "after")])),
+                              html.Tbody(rows)], className="sw-table sw-kv", id="config-diff")]
+    verification = comp["verification"]
+    if verification and verification["results"]:
+        vrows = [[r["loader"], f"{r['parameter']}={r['suggested']!r}", "yes" if r["applied"] else "no",
+                  badge_status(r["status"]), compare.interval_text(r)] for r in verification["results"]]
+        parts += [html.H4("Verify after change"),
+                  table(["loader", "change", "applied", "verdict", "measured against predicted"], vrows, "verify-table"),
+                  *[html.P(note, className="note") for note in joint_changes_note(verification)]]
+        if charts is not None:
+            parts.append(graph(charts["verify"], "verify-graph"))
+    elif verification:
+        parts.append(html.P("The configuration changed, but the before run had no recommendation to verify.",
+                            id="verify-none"))
+    else:
+        parts.append(html.P("The loader configurations are the same: nothing to verify.", id="verify-none"))
+    for i, pair in enumerate((charts or {}).get("pairs") or []):
+        parts += [html.H4(f"Loader {pair['label']}"),
+                  html.Div([graph(pair["wait"], f"compare-wait-{i}"), graph(pair["compute"], f"compare-compute-{i}"),
+                            graph(pair["throughput"], f"compare-throughput-{i}"),
+                            graph(pair["input_wait"], f"compare-input-wait-{i}")], className="sw-grid")]
     return html.Div(parts)
 
 
