@@ -5,7 +5,7 @@ import hashlib
 import json
 from urllib.parse import parse_qs, quote, unquote, urlencode
 
-from dash import Input, Output, State, dcc, html, no_update
+from dash import Input, Output, State, ctx, dcc, html, no_update
 from plotly.utils import PlotlyJSONEncoder
 from starlette.concurrency import run_in_threadpool
 
@@ -46,6 +46,13 @@ def compare_search(a: str | None, b: str | None) -> str:
     return "?" + urlencode(pairs) if pairs else ""
 
 
+def redraws_page(pathname: str | None, triggered) -> bool:
+    """A new path draws its page; a new query string only on the runs page (/?group=NAME): the
+    compare page writes its own pickers into the query string and must not be redrawn by it."""
+    return "url.search" not in (triggered or {}) or "url.pathname" in triggered or \
+        ((pathname or "/").rstrip("/") or "/") == "/"
+
+
 def route(pathname: str | None, search: str | None, runs: list[dict] | None = None):
     pathname, search = _text(pathname), _text(search)
     path = (pathname or "/").rstrip("/") or "/"
@@ -55,7 +62,8 @@ def route(pathname: str | None, search: str | None, runs: list[dict] | None = No
         q = parse_qs((search or "").lstrip("?"))
         a, b = q.get("a", [None])[0], q.get("b", [None])[0]
         return layout.compare_page(a, b, run_options(runs or [], a, b))
-    return layout.runs_page()
+    group = parse_qs((search or "").lstrip("?")).get("group", [None])[0]
+    return layout.runs_page(group or None)
 
 
 def run_title(summary: dict, previous: str | None) -> list:
@@ -113,6 +121,35 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
     }
 
 
+def page_after(trigger, page) -> int:
+    """The runs page to show after `trigger`: the pager moves it, a new filter or sort starts
+    again at the first page, a tick keeps it."""
+    page = page if isinstance(page, int) and not isinstance(page, bool) and page >= 0 else 0
+    if trigger == "runs-prev":
+        return max(0, page - 1)
+    if trigger == "runs-next":
+        return page + 1
+    if trigger in ("runs-search", "runs-sort", "runs-status", "runs-verdict"):
+        return 0
+    return page
+
+
+def runs_outputs(runs: list[dict], search, sort, status, verdict, page: int, drawn, group=None) -> tuple:
+    """The runs page's outputs: list, page line, prev/next disabled, page, digest (all
+    no_update when the page already shows this list)."""
+    if not runs:
+        empty = html.P("No runs yet: wrap a loader with starvewatch.watch(loader) and start training.")
+        return empty, "", True, True, 0, None
+    view = views.runs_view(runs, search, sort or "started", status or None, verdict or None, page, group)
+    digest = hashlib.blake2b(json.dumps(view["table"].to_plotly_json(), cls=PlotlyJSONEncoder, sort_keys=True)
+                             .encode(), digest_size=16).hexdigest()
+    if digest == drawn:
+        return (no_update,) * 6
+    info = f" page {view['page'] + 1} of {view['pages']} · {view['runs']:,} runs in {view['groups']:,} " \
+        f"group{'s' * (view['groups'] != 1)} "
+    return (view["table"], info, view["page"] == 0, view["page"] >= view["pages"] - 1, view["page"], digest)
+
+
 def compare_result(query, a: str, b: str) -> html.Div:
     """The compare page's body for runs a (before) and b (after), or why there is none."""
     try:
@@ -157,19 +194,25 @@ def register(app, get_query) -> None:
     serving ingest and the API while a page is being built."""
     app.clientside_callback(VISIBLE_TICK, Output("tick", "data"), Input("interval", "n_intervals"))
 
-    @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
+    @app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"))
     async def show_page(pathname, search):
         pathname, search = _text(pathname), _text(search)  # a request can carry any JSON value
+        if not redraws_page(pathname, ctx.triggered_prop_ids):
+            return no_update
         runs = await run_in_threadpool(get_query().list_runs) if (pathname or "").rstrip("/") == "/compare" else None
         return route(pathname, search, runs)
 
-    @app.callback(Output("runs-container", "children"), Input("tick", "data"), Input("runs-search", "value"),
-                  Input("runs-sort", "value"))
-    async def refresh_runs(_tick, search, sort):
+    @app.callback(Output("runs-container", "children"), Output("runs-page-info", "children"),
+                  Output("runs-prev", "disabled"), Output("runs-next", "disabled"), Output("runs-page", "data"),
+                  Output("runs-digest", "data"),
+                  Input("tick", "data"), Input("runs-search", "value"), Input("runs-sort", "value"),
+                  Input("runs-status", "value"), Input("runs-verdict", "value"), Input("runs-prev", "n_clicks"),
+                  Input("runs-next", "n_clicks"), State("runs-page", "data"), State("runs-group", "data"),
+                  State("runs-digest", "data"))
+    async def refresh_runs(_tick, search, sort, status, verdict, _prev, _next, page, group, drawn):
         runs = await run_in_threadpool(get_query().list_runs)
-        if not runs:
-            return html.P("No runs yet: wrap a loader with starvewatch.watch(loader) and start training.")
-        return views.runs_table(runs, _text(search), _text(sort) or "started")
+        return runs_outputs(runs, _text(search), _text(sort), _text(status), _text(verdict),
+                            page_after(ctx.triggered_id, page), drawn, _text(group))
 
     @app.callback(
         Output("run-title", "children"), Output("stall-banner-container", "children"),

@@ -17,9 +17,24 @@ def root_layout() -> html.Div:
                      html.Div(id="page", className="sw-page")])
 
 
-def runs_page() -> html.Div:
+def _filter(filter_id: str, label: str, options: list[tuple[str, str]]) -> html.Div:
+    return html.Div([html.Span(label, className="sw-muted"),
+                     dcc.RadioItems(id=filter_id, value="", inline=True, className="sw-filter",
+                                    options=[{"label": "any", "value": ""}] +
+                                    [{"label": text, "value": value} for value, text in options])],
+                    className="sw-filter-row")
+
+
+def runs_page(group: str | None = None) -> html.Div:
+    """Runs grouped by name, filtered by status and verdict, a page of runs at a time; with
+    `group`, the runs of that name only (all of them)."""
+    from ..monitor.query import STATUSES
+    from .views import VERDICTS
+    title = html.H2("Runs") if group is None else \
+        html.H2(["Runs named ", html.Code(group), " ", dcc.Link("(all runs)", href="/", className="sw-muted")])
     return html.Div([
-        html.H2("Runs"),
+        title,
+        dcc.Store(id="runs-group", data=group),
         html.Div([dcc.Input(id="runs-search", type="search", placeholder="search by name or id",
                             className="sw-search", debounce=False),
                   dcc.Dropdown(id="runs-sort", value="started", clearable=False, style={"width": "220px"},
@@ -28,7 +43,14 @@ def runs_page() -> html.Div:
                                         {"label": "highest throughput", "value": "throughput"},
                                         {"label": "name", "value": "name"}])],
                  style={"display": "flex", "gap": "12px", "alignItems": "center"}),
+        _filter("runs-status", "status:", [(s, s) for s in STATUSES]),
+        _filter("runs-verdict", "verdict:", list(VERDICTS.items())),
+        dcc.Store(id="runs-page", data=0),
+        dcc.Store(id="runs-digest"),  # what the list last drew: an unchanged tick redraws nothing
         html.Div(id="runs-container", className="sw-card"),
+        html.Div([html.Button("← newer", id="runs-prev", n_clicks=0, disabled=True),
+                  html.Span(id="runs-page-info", className="sw-muted"),
+                  html.Button("older →", id="runs-next", n_clicks=0, disabled=True)], className="sw-pager"),
     ])
 
 

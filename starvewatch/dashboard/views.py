@@ -53,17 +53,87 @@ def table(header: list[str], rows: list[list], table_id: str | None = None) -> h
                       className="sw-table", **extra)
 
 
-def runs_table(runs: list[dict], search: str | None = None, sort: str = "started") -> html.Table:
-    if search:
-        runs = [r for r in runs if search.lower() in (r["name"] + " " + r["id"]).lower()]
-    keys = {"started": lambda r: r["started_at"] or "", "wait": lambda r: r["input_wait_fraction"] or 0,
-            "throughput": lambda r: r["batches_per_s"] or 0, "name": lambda r: r["name"]}
-    runs = sorted(runs, key=keys.get(sort, keys["started"]), reverse=sort != "name")
-    rows = [[dcc.Link(r["name"], href=f"/runs/{url_segment(r['id'])}"), html.Code(r["id"]), badge(r["status"]),
-             (r["started_at"] or "")[:19].replace("T", " "), f"{r['duration_s']:.0f} s", badge(r["verdict"]),
-             pct(r["input_wait_fraction"]), num(r["batches_per_s"])] for r in runs]
-    return table(["name", "run", "status", "started (UTC)", "duration", "verdict", "input wait", "batches/s"],
-                 rows, "runs-table")
+VERDICTS = {"high": "input-bound", "moderate": "partly input-bound", "not": "not input-bound",
+            "insufficient_data": "insufficient data"}
+PAGE_SIZE = 50  # runs per page: the page stays light with thousands of runs in the store
+PER_GROUP = 3  # a group shows its newest runs; its own page (/?group=NAME) shows them all
+
+SORT_KEYS = {"started": lambda r: r["started_at"] or "", "wait": lambda r: r["input_wait_fraction"] or 0,
+             "throughput": lambda r: r["batches_per_s"] or 0, "name": lambda r: r["name"]}
+
+
+def group_runs(runs: list[dict], search: str | None = None, sort: str = "started", status: str | None = None,
+               verdict: str | None = None, only: str | None = None) -> list[dict]:
+    """Runs grouped by name: [{"name", "runs" (those the filters keep, newest first), "total",
+    "last_two" ([before, after] ids of the group's two newest runs, or None)}]. A group sorts by
+    its newest shown run under `sort`; groups the filters empty are left out."""
+    groups: dict[str, list[dict]] = {}
+    for r in sorted(runs, key=SORT_KEYS["started"], reverse=True):
+        groups.setdefault(r["name"], []).append(r)
+    needle = search.lower() if search else None
+    out = []
+    for name, members in groups.items():
+        if only is not None and name != only:
+            continue
+        shown = [r for r in members if (needle is None or needle in (r["name"] + " " + r["id"]).lower())
+                 and (not status or r["status"] == status) and (not verdict or r["verdict"] == verdict)]
+        if shown:
+            out.append({"name": name, "runs": shown, "total": len(members),
+                        "last_two": [members[1]["id"], members[0]["id"]] if len(members) > 1 else None})
+    key = SORT_KEYS.get(sort, SORT_KEYS["started"])
+    out.sort(key=lambda g: key(g["runs"][0]), reverse=sort != "name")
+    return out
+
+
+def _group_row(group: dict, shown: int, continued: bool) -> html.Tr:
+    from urllib.parse import quote, urlencode
+    matching, total = len(group["runs"]), group["total"]
+    count = f"{total} run{'s' * (total != 1)}" if matching == total else f"{matching} of {total} runs match"
+    more = [" · ", dcc.Link(f"all {matching}", href="/?" + urlencode({"group": group["name"]}),
+                            className="sw-group-all")] if shown < matching else []
+    cells = [html.Td([dcc.Link(group["name"], href=f"/runs/{url_segment(group['runs'][0]['id'])}",
+                               className="sw-group-name"),
+                      html.Span(f" · {count}" + (" (continued)" if continued else ""), className="sw-muted"), *more],
+                     colSpan=5)]
+    if group["last_two"]:
+        a, b = group["last_two"]
+        cells.append(html.Td(dcc.Link("compare the last two", href=f"/compare?a={quote(a, safe='')}&b={quote(b, safe='')}",
+                                      className="sw-compare-last-two"), colSpan=2))
+    else:
+        cells.append(html.Td("one run", className="sw-muted", colSpan=2))
+    return html.Tr(cells, className="sw-group")
+
+
+def runs_view(runs: list[dict], search: str | None = None, sort: str = "started", status: str | None = None,
+              verdict: str | None = None, page: int = 0, group: str | None = None) -> dict:
+    """One page of the runs page: {"table", "page", "pages", "runs", "groups"}. Each group shows
+    its PER_GROUP newest runs (all of them on its own page, `group`), PAGE_SIZE runs a page; a
+    group cut by a page boundary is headed again on the next page, marked continued."""
+    groups = group_runs(runs, search, sort, status, verdict, only=group)
+    per_group = None if group is not None else PER_GROUP
+    flat = [(g, i, r) for g in groups for i, r in enumerate(g["runs"][:per_group])]
+    pages = max(1, -(-len(flat) // PAGE_SIZE))
+    page = min(max(0, page), pages - 1)
+    rows, current = [], None
+    for g, i, r in flat[page * PAGE_SIZE:(page + 1) * PAGE_SIZE]:
+        if g is not current:
+            rows.append(_group_row(g, len(g["runs"][:per_group]), continued=i > 0))
+            current = g
+        rows.append(html.Tr([html.Td(dcc.Link(r["id"], href=f"/runs/{url_segment(r['id'])}"), className="sw-run-id"),
+                             html.Td(badge(r["status"])), html.Td((r["started_at"] or "")[:19].replace("T", " ")),
+                             html.Td(f"{r['duration_s']:.0f} s"), html.Td(badge(r["verdict"])),
+                             html.Td(pct(r["input_wait_fraction"])), html.Td(num(r["batches_per_s"]))],
+                            className="sw-run"))
+    view = f"{status or 'any'}|{verdict or 'any'}|{sort}|{page}|{len(flat)}"
+    if not rows:
+        body = html.P("No run matches these filters.", id="runs-none", **{"data-view": view})
+    else:
+        header = html.Thead(html.Tr([html.Th(h) for h in ("run", "status", "started (UTC)", "duration", "verdict",
+                                                           "input wait", "batches/s")]))
+        body = html.Table([header, html.Tbody(rows)], className="sw-table sw-runs", id="runs-table",
+                          **{"data-view": view})
+    return {"table": body, "page": page, "pages": pages, "runs": sum(len(g["runs"]) for g in groups),
+            "shown": len(flat), "groups": len(groups)}
 
 
 def stall_banner(summary: dict, status: str) -> html.Div | None:
