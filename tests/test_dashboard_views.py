@@ -73,11 +73,11 @@ def test_runs_table_searches_and_sorts():
              "duration_s": 5, "verdict": "high", "input_wait_fraction": 0.5, "batches_per_s": 10},
             {"id": "b-1", "name": "beta", "status": "finished", "started_at": "2026-01-02T00:00:00Z",
              "duration_s": 9, "verdict": "not", "input_wait_fraction": 0.01, "batches_per_s": 99}]
-    text = _text(views.runs_table(runs, search="alp"))
+    text = _text(views.runs_view(runs, search="alp")["table"])
     assert "alpha" in text and "beta" not in text
-    by_wait = _text(views.runs_table(runs, sort="wait"))
+    by_wait = _text(views.runs_view(runs, sort="wait")["table"])
     assert by_wait.index("alpha") < by_wait.index("beta")
-    by_rate = _text(views.runs_table(runs, sort="throughput"))
+    by_rate = _text(views.runs_view(runs, sort="throughput")["table"])
     assert by_rate.index("beta") < by_rate.index("alpha")
 
 
