@@ -46,13 +46,6 @@ def compare_search(a: str | None, b: str | None) -> str:
     return "?" + urlencode(pairs) if pairs else ""
 
 
-def redraws_page(pathname: str | None, triggered) -> bool:
-    """A new path draws its page; a new query string only on the runs page (/?group=NAME): the
-    compare page writes its own pickers into the query string and must not be redrawn by it."""
-    return "url.search" not in (triggered or {}) or "url.pathname" in triggered or \
-        ((pathname or "/").rstrip("/") or "/") == "/"
-
-
 def route(pathname: str | None, search: str | None, runs: list[dict] | None = None):
     pathname, search = _text(pathname), _text(search)
     path = (pathname or "/").rstrip("/") or "/"
@@ -62,8 +55,9 @@ def route(pathname: str | None, search: str | None, runs: list[dict] | None = No
         q = parse_qs((search or "").lstrip("?"))
         a, b = q.get("a", [None])[0], q.get("b", [None])[0]
         return layout.compare_page(a, b, run_options(runs or [], a, b))
-    group = parse_qs((search or "").lstrip("?")).get("group", [None])[0]
-    return layout.runs_page(group or None)
+    if path.startswith("/groups/"):
+        return layout.runs_page(unquote(path[len("/groups/"):]))
+    return layout.runs_page()
 
 
 def run_title(summary: dict, previous: str | None) -> list:
@@ -194,11 +188,9 @@ def register(app, get_query) -> None:
     serving ingest and the API while a page is being built."""
     app.clientside_callback(VISIBLE_TICK, Output("tick", "data"), Input("interval", "n_intervals"))
 
-    @app.callback(Output("page", "children"), Input("url", "pathname"), Input("url", "search"))
+    @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
     async def show_page(pathname, search):
         pathname, search = _text(pathname), _text(search)  # a request can carry any JSON value
-        if not redraws_page(pathname, ctx.triggered_prop_ids):
-            return no_update
         runs = await run_in_threadpool(get_query().list_runs) if (pathname or "").rstrip("/") == "/compare" else None
         return route(pathname, search, runs)
 

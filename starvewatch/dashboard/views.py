@@ -56,7 +56,7 @@ def table(header: list[str], rows: list[list], table_id: str | None = None) -> h
 VERDICTS = {"high": "input-bound", "moderate": "partly input-bound", "not": "not input-bound",
             "insufficient_data": "insufficient data"}
 PAGE_SIZE = 50  # runs per page: the page stays light with thousands of runs in the store
-PER_GROUP = 3  # a group shows its newest runs; its own page (/?group=NAME) shows them all
+PER_GROUP = 3  # a group shows its newest runs; its own page (/groups/NAME) shows them all
 
 SORT_KEYS = {"started": lambda r: r["started_at"] or "", "wait": lambda r: r["input_wait_fraction"] or 0,
              "throughput": lambda r: r["batches_per_s"] or 0, "name": lambda r: r["name"]}
@@ -86,10 +86,10 @@ def group_runs(runs: list[dict], search: str | None = None, sort: str = "started
 
 
 def _group_row(group: dict, shown: int, continued: bool) -> html.Tr:
-    from urllib.parse import quote, urlencode
+    from urllib.parse import quote
     matching, total = len(group["runs"]), group["total"]
     count = f"{total} run{'s' * (total != 1)}" if matching == total else f"{matching} of {total} runs match"
-    more = [" · ", dcc.Link(f"all {matching}", href="/?" + urlencode({"group": group["name"]}),
+    more = [" · ", dcc.Link(f"all {matching}", href=f"/groups/{url_segment(group['name'])}",
                             className="sw-group-all")] if shown < matching else []
     cells = [html.Td([dcc.Link(group["name"], href=f"/runs/{url_segment(group['runs'][0]['id'])}",
                                className="sw-group-name"),
