@@ -124,3 +124,33 @@ def test_route_reads_the_group():
     page = callbacks.route("/groups/job%201%2Fx", "")
     assert page.children[1].data == "job 1/x" and "Runs named" in _text(page.children[0])
     assert callbacks.route("/", "").children[1].data is None
+
+
+def test_listing_figures_equal_the_summary(tmp_path):
+    """The runs list computes verdict, input wait, batches/s and steps from the totals alone:
+    the same values as the run's summary, for one rank, two ranks and two loaders."""
+    import orjson
+
+    from starvewatch.monitor.models import EventBatch
+    from tests.test_collector_api import batch
+    store = Store(tmp_path / "db.sqlite")
+    seed_runs(store, 30, groups=3)
+    for rank in (0, 1):  # two ranks of one run, the second slower
+        store.ingest(EventBatch.model_validate_json(orjson.dumps(
+            batch(run_id="ranked", stream=f"r{rank}", rank=rank, wait_ns=(rank + 1) * 3_000_000))))
+    two = batch(run_id="two-loaders", stream="t", n=50)
+    two["loaders"].append({"name": "val", "totals": {"steps": 5, "epochs": 1, "wait_ns": 5 * 9_000_000,
+                                                     "compute_ns": 5_000_000}})
+    store.ingest(EventBatch.model_validate_json(orjson.dumps(two)))
+    query = Query(store)
+    listed = {r["id"]: r for r in query.list_runs()}
+    assert len(listed) == 32
+    for run_id, r in listed.items():
+        s = query.summary(run_id)
+        assert r["verdict"] == s["verdict"]["input_bound"], run_id
+        assert r["input_wait_fraction"] == pytest.approx(s["verdict"]["input_wait_fraction"]), run_id
+        assert r["batches_per_s"] == pytest.approx(sum(l["batches_per_s"] or 0 for l in s["loaders"]) or None)
+        assert r["steps"] == sum(l["steps"] for l in s["loaders"])
+    assert listed["ranked"]["ranks"] == 2 and listed["two-loaders"]["steps"] == 55
+    assert {r["verdict"] for r in listed.values()} >= {"high", "not", "insufficient_data"}
+    store.close()
