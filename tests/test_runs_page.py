@@ -109,11 +109,13 @@ def test_group_header_links_its_newest_run_all_runs_and_the_last_two(thousand):
 
 def test_pager_and_filters_move_the_page_and_an_unchanged_list_is_not_redrawn(thousand):
     _, runs = thousand
-    assert callbacks.page_after("runs-next", 0) == 1 and callbacks.page_after("runs-prev", 0) == 0
-    assert callbacks.page_after("runs-prev", 3) == 2 and callbacks.page_after("tick", 3) == 3
+    assert callbacks.page_after({"runs-next"}, 0) == 1 and callbacks.page_after({"runs-prev"}, 0) == 0
+    assert callbacks.page_after({"runs-prev"}, 3) == 2 and callbacks.page_after({"tick"}, 3) == 3
+    # A tick and a click in one request: the click counts.
+    assert callbacks.page_after({"tick", "runs-prev"}, 3) == 2 and callbacks.page_after({"runs-next", "tick"}, 3) == 4
     for trigger in ("runs-search", "runs-sort", "runs-status", "runs-verdict"):
-        assert callbacks.page_after(trigger, 4) == 0
-    assert callbacks.page_after("runs-next", "x") == 1 and callbacks.page_after(None, True) == 0  # any JSON
+        assert callbacks.page_after({trigger}, 4) == 0 and callbacks.page_after({trigger, "runs-next"}, 4) == 0
+    assert callbacks.page_after({"runs-next"}, "x") == 1 and callbacks.page_after(None, True) == 0  # any JSON
     table, info, prev_off, next_off, page, digest = callbacks.runs_outputs(runs, None, "started", "", "", 5, None)
     assert (page, prev_off, next_off) == (1, False, True) and "page 2 of 2" in info and "1,000 runs in 20 groups" in info
     assert callbacks.runs_outputs(runs, None, "started", "", "", 1, digest) == (callbacks.no_update,) * 6

@@ -115,16 +115,18 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
     }
 
 
-def page_after(trigger, page) -> int:
-    """The runs page to show after `trigger`: the pager moves it, a new filter or sort starts
-    again at the first page, a tick keeps it."""
+def page_after(triggers, page) -> int:
+    """The runs page to show after what triggered the list (component ids; a tick and a click
+    can arrive in one request): a new filter or sort starts again at the first page, the pager
+    moves it, a tick alone keeps it."""
+    triggers = set(triggers or ())
     page = page if isinstance(page, int) and not isinstance(page, bool) and page >= 0 else 0
-    if trigger == "runs-prev":
-        return max(0, page - 1)
-    if trigger == "runs-next":
-        return page + 1
-    if trigger in ("runs-search", "runs-sort", "runs-status", "runs-verdict"):
+    if triggers & {"runs-search", "runs-sort", "runs-status", "runs-verdict"}:
         return 0
+    if "runs-prev" in triggers:
+        return max(0, page - 1)
+    if "runs-next" in triggers:
+        return page + 1
     return page
 
 
@@ -204,7 +206,8 @@ def register(app, get_query) -> None:
     async def refresh_runs(_tick, search, sort, status, verdict, _prev, _next, page, group, drawn):
         runs = await run_in_threadpool(get_query().list_runs)
         return runs_outputs(runs, _text(search), _text(sort), _text(status), _text(verdict),
-                            page_after(ctx.triggered_id, page), drawn, _text(group))
+                            page_after({p.split(".")[0] for p in ctx.triggered_prop_ids}, page), drawn,
+                            _text(group))
 
     @app.callback(
         Output("run-title", "children"), Output("stall-banner-container", "children"),
