@@ -156,3 +156,11 @@ def test_listing_figures_equal_the_summary(tmp_path):
     assert listed["ranked"]["ranks"] == 2 and listed["two-loaders"]["steps"] == 55
     assert {r["verdict"] for r in listed.values()} >= {"high", "not", "insufficient_data"}
     store.close()
+
+
+def test_the_runs_version_follows_the_listed_figures(thousand):
+    _, runs = thousand
+    copy = [dict(r) for r in runs]
+    assert callbacks.runs_version(runs) == callbacks.runs_version(copy)
+    changed = [dict(r, status="lost") if i == 500 else r for i, r in enumerate(runs)]  # a new answer, a new list
+    assert callbacks.runs_version(changed) != callbacks.runs_version(runs)

@@ -130,6 +130,17 @@ def page_after(triggers, page) -> int:
     return page
 
 
+_last_version: list = [None, None]  # [the list, its fingerprint]: the query layer hands out one list while it is current
+
+
+def runs_version(runs: list[dict]) -> str:
+    """A fingerprint of the runs list: it changes when any run's listed figures do."""
+    if _last_version[0] is not runs:
+        _last_version[:] = [runs, hashlib.blake2b(json.dumps(runs, sort_keys=True, default=str).encode(),
+                                                  digest_size=16).hexdigest()]
+    return _last_version[1]
+
+
 def runs_outputs(runs: list[dict], search, sort, status, verdict, page: int, drawn, group=None) -> tuple:
     """The runs page's outputs: list, page line, prev/next disabled, page, digest (all
     no_update when the page already shows this list)."""
@@ -196,14 +207,21 @@ def register(app, get_query) -> None:
         runs = await run_in_threadpool(get_query().list_runs) if (pathname or "").rstrip("/") == "/compare" else None
         return route(pathname, search, runs)
 
+    @app.callback(Output("runs-version", "data"), Input("tick", "data"), State("runs-version", "data"))
+    async def runs_changed(_tick, known):
+        # The list is drawn again when the runs change, never by the tick alone: a tick's answer
+        # arriving after a click's could otherwise draw the page the click left.
+        version = runs_version(await run_in_threadpool(get_query().list_runs))
+        return no_update if version == known else version
+
     @app.callback(Output("runs-container", "children"), Output("runs-page-info", "children"),
                   Output("runs-prev", "disabled"), Output("runs-next", "disabled"), Output("runs-page", "data"),
                   Output("runs-digest", "data"),
-                  Input("tick", "data"), Input("runs-search", "value"), Input("runs-sort", "value"),
+                  Input("runs-version", "data"), Input("runs-search", "value"), Input("runs-sort", "value"),
                   Input("runs-status", "value"), Input("runs-verdict", "value"), Input("runs-prev", "n_clicks"),
                   Input("runs-next", "n_clicks"), State("runs-page", "data"), State("runs-group", "data"),
                   State("runs-digest", "data"))
-    async def refresh_runs(_tick, search, sort, status, verdict, _prev, _next, page, group, drawn):
+    async def refresh_runs(_version, search, sort, status, verdict, _prev, _next, page, group, drawn):
         runs = await run_in_threadpool(get_query().list_runs)
         return runs_outputs(runs, _text(search), _text(sort), _text(status), _text(verdict),
                             page_after({p.split(".")[0] for p in ctx.triggered_prop_ids}, page), drawn,

@@ -46,7 +46,8 @@ def runs_page(group: str | None = None) -> html.Div:
         _filter("runs-status", "status:", [(s, s) for s in STATUSES]),
         _filter("runs-verdict", "verdict:", list(VERDICTS.items())),
         dcc.Store(id="runs-page", data=0),
-        dcc.Store(id="runs-digest"),  # what the list last drew: an unchanged tick redraws nothing
+        dcc.Store(id="runs-version"),  # the runs list's fingerprint: the list is drawn again when it changes
+        dcc.Store(id="runs-digest"),  # what the list last drew: an unchanged list is not redrawn
         html.Div(id="runs-container", className="sw-card"),
         html.Div([html.Button("← newer", id="runs-prev", n_clicks=0, disabled=True),
                   html.Span(id="runs-page-info", className="sw-muted"),
