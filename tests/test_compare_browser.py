@@ -94,6 +94,12 @@ def test_compare_page_draws_both_runs_and_the_verdict(collector, browser, stored
 
 def test_compare_report_opens_offline_with_its_charts(collector, browser, stored_pair, tmp_path):
     c = collector()
+    # The collector serves the distributions the report overlays (the CLI reads them from it).
+    served = c.get("/api/v1/runs/before/distributions?loader=first")
+    assert served["wait"]["count"] == served["compute"]["count"] == 300
+    assert c.get("/api/v1/runs/before/distributions?loader=other")["wait"] == {"buckets": [], "count": 0,
+                                                                                 "max_ms": None}
+    assert c.request("GET", "/api/v1/runs/nope/distributions")[0] == 404
     report = tmp_path / "compare.html"
     out = subprocess.run([sys.executable, "-m", "starvewatch", "compare", "before", "after", "--format", "html",
                           "-o", str(report)], capture_output=True, text=True, timeout=120,
@@ -105,6 +111,9 @@ def test_compare_report_opens_offline_with_its_charts(collector, browser, stored
     page.goto(report.as_uri())
     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
     assert page.locator(".js-plotly-plot").count() == 5
+    # Both runs drawn in every chart: the distributions, the series, the interval and prediction.
+    assert page.evaluate("Array.from(document.querySelectorAll('.js-plotly-plot')).map(p => p.data.length)") == \
+        [2, 2, 2, 2, 2]
     assert all(u.startswith(("file:", "data:", "blob:")) for u in requests), requests  # no CDN
     assert "num_workers" in page.inner_text("#config-diff tr.changed")
     assert HOSTILE in page.inner_text("#compare-table") and page.locator("#compare-table b").count() == 0

@@ -13,9 +13,8 @@ import html
 import json
 from datetime import datetime
 
+from ..schema import COMPARE_SCHEMA
 from .verification import joint_changes_note, verify
-
-COMPARE_SCHEMA = "starvewatch.compare/1"
 
 # (label, where in a loader summary, kind): kind "fraction" changes in percentage points.
 METRICS = (("input wait", ("input_wait_fraction",), "fraction"),
