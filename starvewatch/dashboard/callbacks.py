@@ -211,7 +211,7 @@ def register(app, get_query) -> None:
     async def runs_changed(_tick, known):
         # The list is drawn again when the runs change, never by the tick alone: a tick's answer
         # arriving after a click's could otherwise draw the page the click left.
-        version = runs_version(await run_in_threadpool(get_query().list_runs))
+        version = await run_in_threadpool(lambda: runs_version(get_query().list_runs()))
         return no_update if version == known else version
 
     @app.callback(Output("runs-container", "children"), Output("runs-page-info", "children"),
@@ -222,10 +222,10 @@ def register(app, get_query) -> None:
                   Input("runs-next", "n_clicks"), State("runs-page", "data"), State("runs-group", "data"),
                   State("runs-digest", "data"))
     async def refresh_runs(_version, search, sort, status, verdict, _prev, _next, page, group, drawn):
-        runs = await run_in_threadpool(get_query().list_runs)
-        return runs_outputs(runs, _text(search), _text(sort), _text(status), _text(verdict),
-                            page_after({p.split(".")[0] for p in ctx.triggered_prop_ids}, page), drawn,
-                            _text(group))
+        page = page_after({p.split(".")[0] for p in ctx.triggered_prop_ids}, page)
+        return await run_in_threadpool(lambda: runs_outputs(
+            get_query().list_runs(), _text(search), _text(sort), _text(status), _text(verdict), page, drawn,
+            _text(group)))
 
     @app.callback(
         Output("run-title", "children"), Output("stall-banner-container", "children"),
