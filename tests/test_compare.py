@@ -55,6 +55,8 @@ def test_ratios_print_as_percent_change_with_significant_digits():
     assert compare.change_text(compare.change(0.717, 0.02, "fraction")) == "-69.7 points"
     assert compare.change_text(compare.change(None, 3.0, "ms")) == "n/a"
     assert compare.change_text(compare.change(0.0, 3.0, "ms")) == "n/a"  # no ratio to zero
+    assert compare.setting_text({"a_ms": 2.5}) == "a 2.50 ms" and compare.setting_text(4) == "4"
+    assert compare.setting_text(None, is_set=False) == "(default)" and compare.setting_text("fork") == "'fork'"
 
 
 def test_loaders_pair_by_name_or_as_each_runs_only_loader():

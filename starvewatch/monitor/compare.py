@@ -63,7 +63,7 @@ def change(a, b, kind: str) -> dict:
 
 
 def change_text(row: dict) -> str:
-    """'-99.7% (0.00255x)', '+150% (2.5x)', '-71.4 points' for a share; 'n/a' when unknown."""
+    """'-99.7% (0.00255x)', '+150.0% (2.5x)', '-71.4 points' for a share; 'n/a' when unknown."""
     if row.get("change_points") is not None:
         return f"{row['change_points']:+.1f} points"
     ratio, pct = row.get("ratio"), row.get("change_pct")
@@ -174,7 +174,13 @@ def start_seconds(summary_run: dict) -> float | None:
 
 
 def setting_text(value, is_set: bool = True) -> str:
-    return repr(value) if is_set else "(default)"
+    """A setting as the dashboard's configuration table shows it (a dict or list spelled out)."""
+    if not is_set:
+        return "(default)"
+    if isinstance(value, (dict, list, tuple)):
+        from ..quantities import value as spelled
+        return spelled("", value)
+    return repr(value)
 
 
 def expected_of(result: dict):
