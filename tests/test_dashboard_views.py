@@ -68,7 +68,7 @@ def test_an_unchanged_run_is_not_redrawn_and_new_steps_are(tmp_path, monkeypatch
     store.close()
 
 
-def test_runs_table_searches_and_sorts():
+def test_runs_view_searches_and_sorts():
     runs = [{"id": "a-1", "name": "alpha", "status": "live", "started_at": "2026-01-01T00:00:00Z",
              "duration_s": 5, "verdict": "high", "input_wait_fraction": 0.5, "batches_per_s": 10},
             {"id": "b-1", "name": "beta", "status": "finished", "started_at": "2026-01-02T00:00:00Z",
@@ -89,7 +89,7 @@ def test_stall_banner_only_while_stalled():
     assert views.stall_banner(summary, "live") is None
 
 
-def test_compare_panel_shows_verification():
+def test_compare_view_shows_verification():
     before = {"loaders": [{"name": "train", "input_wait_fraction": 0.6, "batches_per_s": 10.0,
                            "wait_ms": {"p95": 30.0}, "config": {"num_workers": 0}}],
               "recommendations": [{"loader": "train", "parameter": "num_workers", "suggested": 4,

@@ -57,6 +57,7 @@ def test_thousand_runs_grouped_filtered_paged_and_linked(collector, browser, iso
     page.locator("#runs-verdict input[value='insufficient_data']").check()
     page.wait_for_selector("#runs-none")  # no run is both (every fifth vs every tenth, odd)
     page.locator("#runs-verdict input[value='']").check()
+    page.wait_for_selector("#runs-table[data-view^='live|any|']")
     page.locator("#runs-status input[value='']").check()
     page.wait_for_selector("#runs-table[data-view^='any|any|started|0|']")
 
