@@ -4,16 +4,28 @@ wait and compute distributions overlaid, their throughput and input wait on one 
 marked. Data in, figure out. Every run and loader name reaches plotly as escaped text."""
 from __future__ import annotations
 
+import html
 import math
 
 import plotly.graph_objects as go
 
 from .compare import expected_of, pair_label, start_seconds
-from .figures import COMPUTE_COLOR, LAYOUT, WAIT_COLOR, _empty, _text
+from .figures import COMPUTE_COLOR, LAYOUT, WAIT_COLOR
 
 BEFORE_COLOR = "#8c8c8c"
 AFTER_COLOR = "#2a9d8f"
 BINS = 40
+
+
+def _text(text: str) -> str:
+    """Plotly reads a subset of HTML in titles, legend entries and tick labels: names are text."""
+    return html.escape(text, quote=False)
+
+
+def _empty(title: str, note: str = "no data yet") -> go.Figure:
+    fig = go.Figure(layout=dict(title=_text(title), **LAYOUT))
+    fig.add_annotation(text=html.escape(note, quote=False), showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+    return fig
 
 
 def _shares(pairs: list, edges: list[float]) -> list[float]:
