@@ -140,7 +140,7 @@ def quantities_text(named: dict | None) -> str:
     return "; ".join(f"{label} {value}" for label, value in rows(named)) or "none recorded"
 
 
-def _md_cell(text) -> str:
+def _config_cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ").replace("`", "'")
 
 
@@ -153,7 +153,7 @@ def config_table_lines(summary: dict) -> list[str]:
     for l in summary["loaders"]:
         config = l.get("config") or {}
         changes = {r["parameter"]: r for r in recs if r["loader"] == l["name"] and r.get("parameter")}
-        lines.append(f"### {_md_cell(l['name'])}")
+        lines.append(f"### {_config_cell(l['name'])}")
         if not config and not changes:
             lines += ["", "No configuration recorded (not a torch DataLoader).", ""]
             continue
@@ -163,11 +163,11 @@ def config_table_lines(summary: dict) -> list[str]:
             now = "(default)" if key not in config else value("", x) if isinstance(x, (dict, list, tuple)) else repr(x)
             rec = changes.get(key)
             if rec is None:
-                lines.append(f"| {_md_cell(key)} | `{_md_cell(now)}` | |")
+                lines.append(f"| {_config_cell(key)} | `{_config_cell(now)}` | |")
                 continue
             gain = " (protective)" if rec.get("kind") == "protective" else \
                 f" (expected {rec['expected_speedup']:.2f}x)" if rec.get("expected_speedup") else ""
-            lines.append(f"| **{_md_cell(key)}** | `{_md_cell(now)}` | **→ `{_md_cell(repr(rec['suggested']))}`**{gain} |")
+            lines.append(f"| **{_config_cell(key)}** | `{_config_cell(now)}` | **→ `{_config_cell(repr(rec['suggested']))}`**{gain} |")
         lines.append("")
     return lines
 
