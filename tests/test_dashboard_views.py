@@ -34,6 +34,11 @@ def test_routes_pick_the_page():
     pickers = compare.children[2].children
     assert pickers[0].id == "compare-a" and pickers[0].value == "x" and pickers[1].value == "y"
     assert callbacks.compare_search("r 1", None) == "?a=r+1" and callbacks.compare_search(None, None) == ""
+    # The options' fingerprint goes with the page: the poll sends them again only when they change.
+    runs = [{"id": "r-1", "name": "r"}]
+    version = callbacks.route("/compare", "?a=r-1", runs).children[-1].data
+    assert version == callbacks.options_version(callbacks.run_options(runs, "r-1", None))
+    assert version != callbacks.options_version(callbacks.run_options(runs + [{"id": "s", "name": "s"}], "r-1", None))
 
 
 def test_run_view_has_kpis_figures_and_recommendations(tmp_path):

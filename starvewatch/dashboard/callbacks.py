@@ -41,6 +41,10 @@ def run_options(runs: list[dict], *wanted: str | None) -> list[dict]:
     return options + [{"label": f"{w} (unknown)", "value": w} for w in dict.fromkeys(wanted) if w and w not in known]
 
 
+def options_version(options: list[dict]) -> str:
+    return hashlib.blake2b(json.dumps(options, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
 def compare_search(a: str | None, b: str | None) -> str:
     pairs = {k: v for k, v in (("a", a), ("b", b)) if v}
     return "?" + urlencode(pairs) if pairs else ""
@@ -54,7 +58,8 @@ def route(pathname: str | None, search: str | None, runs: list[dict] | None = No
     if path == "/compare":
         q = parse_qs((search or "").lstrip("?"))
         a, b = q.get("a", [None])[0], q.get("b", [None])[0]
-        return layout.compare_page(a, b, run_options(runs or [], a, b))
+        options = run_options(runs or [], a, b)
+        return layout.compare_page(a, b, options, options_version(options))
     if path.startswith("/groups/"):
         return layout.runs_page(unquote(path[len("/groups/"):]))
     return layout.runs_page()
@@ -240,13 +245,15 @@ def register(app, get_query) -> None:
     async def refresh_run(_tick, loader, run_id, drawn):
         return await run_in_threadpool(refresh_run_outputs, get_query(), _text(run_id), _text(loader), drawn)
 
-    @app.callback(Output("compare-a", "options"), Output("compare-b", "options"), Input("tick", "data"),
-                  State("compare-a", "value"), State("compare-b", "value"))
-    async def compare_options(_tick, a, b):
+    @app.callback(Output("compare-a", "options"), Output("compare-b", "options"),
+                  Output("compare-options-version", "data"), Input("tick", "data"),
+                  State("compare-a", "value"), State("compare-b", "value"), State("compare-options-version", "data"))
+    async def compare_options(_tick, a, b, known):
         a, b = _text(a), _text(b)
-        runs = await run_in_threadpool(get_query().list_runs)
-        options = run_options(runs, a, b)
-        return options, options
+        options = await run_in_threadpool(lambda: run_options(get_query().list_runs(), a, b))
+        # A thousand runs are a thousand options: sent again only when they change.
+        version = await run_in_threadpool(options_version, options)
+        return (no_update,) * 3 if version == known else (options, options, version)
 
     @app.callback(Output("compare-url", "search"), Input("compare-a", "value"), Input("compare-b", "value"),
                   prevent_initial_call=True)

@@ -86,7 +86,8 @@ def run_page(run_id: str) -> html.Div:
     ])
 
 
-def compare_page(a: str | None, b: str | None, options: list[dict] | None = None) -> html.Div:
+def compare_page(a: str | None, b: str | None, options: list[dict] | None = None,
+                 options_version: str | None = None) -> html.Div:
     """The pickers get their options with the page, so `/compare?a=&b=` opens preselected."""
     options = options or []
     return html.Div([
@@ -97,4 +98,5 @@ def compare_page(a: str | None, b: str | None, options: list[dict] | None = None
                   dcc.Dropdown(id="compare-b", options=options, value=b, placeholder="after", style={"width": "480px"})],
                  style={"display": "flex", "gap": "12px"}),
         html.Div(id="compare-result", className="sw-card"),
+        dcc.Store(id="compare-options-version", data=options_version),  # the options sent: again only when changed
     ])
