@@ -1,6 +1,8 @@
-"""Dashboard performance: a 1M-step run page, and ingest under 10 polling clients.
+"""Dashboard performance: a 1M-step run page, ingest under 10 polling clients, and the runs
+page with 1,000 runs.
 
     python benchmarks/dashboard.py [--steps 1000000] [--seconds 10] [--quick] [--out PATH]
+    python benchmarks/dashboard.py --only runs-page [--runs 1000] [--runs-out PATH]
 
 1. Seeds a store directly with a run of --steps steps, starts the collector on it, and opens
    the run page in headless Chromium: time until the KPIs and the step timeline are drawn
@@ -8,8 +10,13 @@
 2. Runs the ingest producer of benchmarks/ingest.py while 10 clients poll the run page's data
    (summary, step series, rollup series, samples, workers) once a second: records/s ingested
    (target: the collector's 100,000 records/s).
-Figures also go to benchmarks/results/dashboard.json; --quick (20,000 steps, 3 s of ingest) is a
-smoke run, marked "quick" there.
+3. Seeds a store with --runs small runs (tests/many_runs.py: 20 names, some live, some too short
+   for a verdict), starts the collector on it and opens the runs page: time until the first
+   page of groups is drawn (target: 1 s), and from ticking a status or verdict filter until the
+   filtered list is drawn (target: 300 ms); median and worst of several, Dash bundles cached,
+   timed by the page itself (navigation start or the click, to the next frame after the list).
+Figures also go to benchmarks/results/dashboard.json (parts 1 and 2; --quick: 20,000 steps, 3 s
+of ingest, a smoke run marked "quick" there) and benchmarks/results/runs_page.json (part 3).
 """
 from __future__ import annotations
 
@@ -73,13 +80,100 @@ def page_time(url: str) -> float:
     return best
 
 
+# In the page: when the first run row is drawn (ms from the navigation's start), and after a
+# filter's click, when the filtered list is drawn, both taken at the next animation frame (painted).
+PAINTED = """
+new MutationObserver((_, obs) => {
+    if (document.querySelector('#runs-table tr.sw-run')) {
+        obs.disconnect();
+        requestAnimationFrame(() => { window.__swPainted = performance.now(); });
+    }
+}).observe(document, {subtree: true, childList: true});
+"""
+FILTERED = """([radio, value, prefix]) => new Promise(done => {
+    const t0 = performance.now();
+    const obs = new MutationObserver(() => {
+        const table = document.querySelector('#runs-table');
+        if (table && table.dataset.view.startsWith(prefix)) {
+            obs.disconnect();
+            requestAnimationFrame(() => done(performance.now() - t0));
+        }
+    });
+    obs.observe(document.querySelector('#runs-container'), {subtree: true, childList: true, attributes: true});
+    document.querySelector(`#${radio} input[value='${value}']`).click();
+})"""
+
+
+def runs_page_times(url: str, repeats: int = 7) -> dict:
+    """Paint and filter times of the runs page, in seconds, as the page itself sees them."""
+    import statistics
+
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 1300, "height": 1000})
+        page.add_init_script(PAINTED)
+        page.goto(url + "/compare")  # warm the browser cache with Dash's bundles
+        page.wait_for_selector("#compare-result")
+        paints = []
+        for _ in range(repeats):
+            page.goto(url + "/")
+            page.wait_for_function("window.__swPainted !== undefined")
+            paints.append(page.evaluate("window.__swPainted") / 1000)
+        filters = []
+        for _ in range(repeats):
+            for radio, value, prefix in (("runs-status", "live", "live|any|"), ("runs-status", "", "any|any|"),
+                                         ("runs-verdict", "high", "any|high|"), ("runs-verdict", "", "any|any|")):
+                filters.append(page.evaluate(FILTERED, [radio, value, prefix]) / 1000)
+        browser.close()
+    return {"paint_s": {"median": statistics.median(paints), "max": max(paints), "samples": len(paints),
+                        "target": 1.0},
+            "filter_s": {"median": statistics.median(filters), "max": max(filters), "samples": len(filters),
+                         "target": 0.3}}
+
+
+def runs_page(args) -> None:
+    from starvewatch.monitor.query import Query
+    from starvewatch.monitor.store import Store
+    from tests.many_runs import seed_runs
+    record = results_io.started(args, quick=args.quick or args.runs < 1000)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "starvewatch.db")
+        t0 = time.perf_counter()
+        seed_runs(store, args.runs)
+        seeded_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        Query(store).list_runs()
+        record["list_runs_s"] = time.perf_counter() - t0
+        store.close()
+        print(f"seeded {args.runs:,} runs in {seeded_s:.1f} s; listing them (uncached): "
+              f"{1000 * record['list_runs_s']:.0f} ms")
+        # Long enough a silence before a run counts as lost: the seeded live runs stay live.
+        with running_collector(tmp, extra=("--lost-after", "3600")) as (url, _):
+            record.update(runs=args.runs, **runs_page_times(url, 3 if args.quick else 7))
+    paint, filt = record["paint_s"], record["filter_s"]
+    print(f"runs page with {args.runs:,} runs: painted in {paint['median']:.2f} s median, {paint['max']:.2f} s "
+          f"worst (target <= 1 s); filtered in {1000 * filt['median']:.0f} ms median, "
+          f"{1000 * filt['max']:.0f} ms worst (target <= 300 ms)")
+    results_io.write(record, args.runs_out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=None, help="steps of the seeded run (1,000,000; 20,000 with --quick)")
     parser.add_argument("--seconds", type=float, default=None, help="ingest under polling (10 s; 3 s with --quick)")
     parser.add_argument("--quick", action="store_true", help="a small run and 3 s of ingest, for a smoke run")
     parser.add_argument("--out", type=Path, default=results_io.RESULTS / "dashboard.json")
+    parser.add_argument("--only", choices=("run-page", "runs-page"), help="one part: the run page and ingest "
+                        "(parts 1 and 2), or the runs page (part 3)")
+    parser.add_argument("--runs", type=int, default=1000, help="runs in the store for the runs page (1,000)")
+    parser.add_argument("--runs-out", type=Path, default=results_io.RESULTS / "runs_page.json")
     args = parser.parse_args()
+    if args.only != "run-page":
+        runs_page(args)
+    if args.only == "runs-page":
+        return
     if args.steps is None:
         args.steps = 20_000 if args.quick else 1_000_000
     if args.seconds is None:

@@ -87,14 +87,14 @@ def wait_up(url: str, timeout_s: float = 30) -> None:
 
 
 @contextlib.contextmanager
-def running_collector(directory: str):
+def running_collector(directory: str, extra: tuple = ()):
     """A real collector (uvicorn subprocess) on a free loopback port; stopped by PID on exit."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, STARVEWATCH_DIR=directory, STARVEWATCH_AUTOSTART="0", STARVEWATCH_QUIET="1")
     with open(Path(directory) / "collector.log", "wb") as log:
         server = subprocess.Popen([sys.executable, "-m", "starvewatch", "serve", "--port", str(port),
-                                   "--dir", directory], env=env, stdout=log, stderr=log)
+                                   "--dir", directory, *extra], env=env, stdout=log, stderr=log)
         try:
             wait_up(url)
             yield url, env

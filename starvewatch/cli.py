@@ -16,6 +16,7 @@ EXAMPLES = """examples:
   starvewatch export latest --format html -o report.html
   starvewatch export RUN --format csv --spool ~/.starvewatch/spool   (offline)
   starvewatch compare RUN_A RUN_B  what changed, and did the fix work
+  starvewatch compare RUN_A RUN_B --format html -o compare.html
   starvewatch doctor               NVML, torch/CUDA, /dev/shm, collector: with fixes
   starvewatch tune train:make_loader --budget 60 --run train
                                    measure DataLoader settings on this machine
@@ -28,14 +29,13 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PROBLEMS = 0, 1, 2, 3
 
 def cmd_demo(args) -> int:
     from .demo import run_demo
-    from .monitor.diagnosis import verify
-    from .monitor.export import compare_table
+    from .monitor.compare import comparison, to_markdown
     before, after = run_demo(quick=args.quick, name=args.name)
     if after is None:
         print("no recommendation to apply: the starved run's summary is above", file=sys.stderr)
         return EXIT_OK
     print("\nbefore -> after", flush=True)
-    print(compare_table(before, after, verify(before, after)), flush=True)
+    print(to_markdown(comparison(before, after)), flush=True)
     return EXIT_OK
 
 
@@ -112,16 +112,30 @@ def cmd_runs(args, source) -> int:
 
 @_with_source
 def cmd_compare(args, source) -> int:
-    from .monitor.diagnosis import verify
-    from .monitor.export import compare_table
+    from .monitor import compare
     from .monitor.sources import resolve_run
     a, b = resolve_run(source, args.before), resolve_run(source, args.after)
-    before, after = source.summary(a), source.summary(b)
-    print(f"before: {a}\nafter:  {b}\n")
-    verification = verify(before, after)
-    print(compare_table(before, after, verification))
-    if verification is None:
-        print("\nthe loader configurations are the same: nothing to verify")
+    if args.format == "html":
+        from .monitor.compare_figures import figures_for
+        _, _, comp, distributions, series = compare.gather(
+            source.summary, source.distributions, lambda run, loader: source.series(run, loader=loader, points=300),
+            a, b)
+        charts = figures_for(comp, distributions, series)
+        figs = [f for pair in charts["pairs"] for f in (pair["wait"], pair["compute"], pair["throughput"],
+                                                        pair["input_wait"])] + [charts["verify"]]
+        text = compare.render_html(comp, figs)
+    else:
+        comp = compare.comparison(source.summary(a), source.summary(b))
+        text = compare.to_json(comp) if args.format == "json" else compare.to_markdown(comp)
+    if args.output and args.output != "-":
+        try:
+            with open(args.output, "w", encoding="utf-8") as out:
+                out.write(text)
+        except OSError as exc:
+            return fail(f"cannot write {args.output}: {exc.strerror or exc}")
+        print(f"wrote {args.output}: {a} vs {b} as {args.format}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
     return EXIT_OK
 
 
@@ -321,8 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
     runs.set_defaults(func=cmd_runs)
 
     cmp = sub.add_parser("compare", help="compare two runs: deltas and the verify-after-change verdict")
-    cmp.add_argument("before")
-    cmp.add_argument("after")
+    cmp.add_argument("before", help="run id, unique id prefix, run name, or 'latest'")
+    cmp.add_argument("after", help="run id, unique id prefix, run name, or 'latest'")
+    cmp.add_argument("--format", "-f", choices=("md", "json", "html"), default="md",
+                     help="md (default, for the terminal), json, or html (one self-contained file with charts)")
+    cmp.add_argument("-o", "--output", help="file to write (default: standard output)")
     source_options(cmp)
     cmp.set_defaults(func=cmd_compare)
 

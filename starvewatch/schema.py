@@ -6,6 +6,9 @@ from __future__ import annotations
 
 SUMMARY_SCHEMA = "starvewatch.summary/1"
 EVENTS_SCHEMA = "starvewatch.events/1"
+# Two runs compared (monitor/compare.py, `starvewatch compare --format json`): before, after,
+# pairs, unpaired, metrics, config, verification.
+COMPARE_SCHEMA = "starvewatch.compare/1"
 
 # Columns of a step record, in wire order. Units are suffixes; times are integers in ns,
 # `start_ns` is wall-clock (Unix epoch) ns of the next() call that returned the batch.

@@ -102,18 +102,39 @@ def test_export_markdown_and_spool_option(offline_runs, isolated_starvewatch):
     assert missing.returncode == 1 and "not a directory" in missing.stderr
 
 
-def test_compare_shows_deltas_and_the_verdict(offline_runs):
+def test_compare_shows_deltas_and_the_verdict(offline_runs, tmp_path):
     out = cli("compare", *offline_runs)
     assert out.returncode == 0, out.stderr
     assert "batches/s" in out.stdout and "num_workers=" in out.stdout
-    assert "| train | input wait |" in out.stdout
+    # Changes read as a percent change with the ratio to three significant digits.
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| train | wait p95 (ms) |"))
+    assert re.fullmatch(r"\| train \| wait p95 \(ms\) \| [\d.,]+ \| [\d.,]+ \| [+-][\d.,]+% \([\d.e+-]+x\) \|", row), row
+    assert "| train | **num_workers** | `0` | `1` |" in out.stdout  # the configuration diff
     # The first run (8 ms of loading against 4 ms of compute) was told num_workers=3 (2 when a
     # saturated host caps it at the cores); the second used 1, so the suggestion was not
     # applied, whatever its speed-up.
-    row = next(line for line in out.stdout.splitlines() if line.startswith("| train | num_workers="))
+    row = next(line for line in out.stdout.splitlines() if line.startswith("| train | `num_workers="))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert int(cells[1].split("=")[1]) >= 2, row
-    assert cells[2] == "no" and cells[5] == "not_applied", row
+    assert int(cells[1].strip("`").split("=")[1]) >= 2, row
+    assert cells[2] == "no" and cells[3] == "not applied", row
+
+    as_json = cli("compare", *offline_runs, "--format", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    comp = json.loads(as_json.stdout)
+    assert comp["schema"] == "starvewatch.compare/1" and [comp["before"]["id"], comp["after"]["id"]] == offline_runs
+    assert comp["pairs"] == [{"before": "train", "after": "train", "by": "name"}]
+    # num_workers=1 also brings the settings only workers have (prefetch_factor, the start method).
+    assert [r["setting"] for r in comp["config"] if r["changed"]] == ["num_workers", "prefetch_factor",
+                                                                     "multiprocessing_context"]
+
+    report = tmp_path / "compare.html"
+    as_html = cli("compare", *offline_runs, "-f", "html", "-o", str(report))
+    assert as_html.returncode == 0 and f"wrote {report}" in as_html.stderr and as_html.stdout == ""
+    page = report.read_text()
+    assert page.startswith("<!doctype html>") and "<script src=" not in page and "id='verify-table'" in page
+    unwritable = cli("compare", *offline_runs, "-f", "html", "-o", str(tmp_path / "no" / "such" / "dir.html"))
+    assert unwritable.returncode == 1 and "cannot write" in unwritable.stderr and "Traceback" not in unwritable.stderr
+    assert cli("compare", *offline_runs, "--format", "pdf").returncode == 2
 
 
 def test_unreachable_collector_without_offline_data_is_a_clear_error(isolated_starvewatch, monkeypatch):

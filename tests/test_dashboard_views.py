@@ -34,6 +34,11 @@ def test_routes_pick_the_page():
     pickers = compare.children[2].children
     assert pickers[0].id == "compare-a" and pickers[0].value == "x" and pickers[1].value == "y"
     assert callbacks.compare_search("r 1", None) == "?a=r+1" and callbacks.compare_search(None, None) == ""
+    # The options' fingerprint goes with the page: the poll sends them again only when they change.
+    runs = [{"id": "r-1", "name": "r"}]
+    version = callbacks.route("/compare", "?a=r-1", runs).children[-1].data
+    assert version == callbacks.options_version(callbacks.run_options(runs, "r-1", None))
+    assert version != callbacks.options_version(callbacks.run_options(runs + [{"id": "s", "name": "s"}], "r-1", None))
 
 
 def test_run_view_has_kpis_figures_and_recommendations(tmp_path):
@@ -68,16 +73,16 @@ def test_an_unchanged_run_is_not_redrawn_and_new_steps_are(tmp_path, monkeypatch
     store.close()
 
 
-def test_runs_table_searches_and_sorts():
+def test_runs_view_searches_and_sorts():
     runs = [{"id": "a-1", "name": "alpha", "status": "live", "started_at": "2026-01-01T00:00:00Z",
              "duration_s": 5, "verdict": "high", "input_wait_fraction": 0.5, "batches_per_s": 10},
             {"id": "b-1", "name": "beta", "status": "finished", "started_at": "2026-01-02T00:00:00Z",
              "duration_s": 9, "verdict": "not", "input_wait_fraction": 0.01, "batches_per_s": 99}]
-    text = _text(views.runs_table(runs, search="alp"))
+    text = _text(views.runs_view(runs, search="alp")["table"])
     assert "alpha" in text and "beta" not in text
-    by_wait = _text(views.runs_table(runs, sort="wait"))
+    by_wait = _text(views.runs_view(runs, sort="wait")["table"])
     assert by_wait.index("alpha") < by_wait.index("beta")
-    by_rate = _text(views.runs_table(runs, sort="throughput"))
+    by_rate = _text(views.runs_view(runs, sort="throughput")["table"])
     assert by_rate.index("beta") < by_rate.index("alpha")
 
 
@@ -89,16 +94,17 @@ def test_stall_banner_only_while_stalled():
     assert views.stall_banner(summary, "live") is None
 
 
-def test_compare_panel_shows_verification():
+def test_compare_view_shows_verification():
     before = {"loaders": [{"name": "train", "input_wait_fraction": 0.6, "batches_per_s": 10.0,
                            "wait_ms": {"p95": 30.0}, "config": {"num_workers": 0}}],
               "recommendations": [{"loader": "train", "parameter": "num_workers", "suggested": 4,
                                    "expected_speedup": 2.0}], "run": {"id": "a"}}
     after = {"loaders": [{"name": "train", "input_wait_fraction": 0.05, "batches_per_s": 21.0,
                           "wait_ms": {"p95": 2.0}, "config": {"num_workers": 4}}], "run": {"id": "b"}}
-    from starvewatch.monitor.diagnosis import verify
-    text = _text(views.compare_panel(before, after, verify(before, after)))
-    assert "2.10x" in text and "confirmed" in text
+    from starvewatch.monitor.compare import comparison
+    text = _text(views.compare_view(comparison(before, after)))
+    assert "measured 2.10x" in text and "predicted 2.00x" in text and "confirmed" in text
+    assert "-93.3% (0.0667x)" in text  # wait p95 30 ms -> 2 ms: a readable change, not "0.07x"
 
 
 def test_layout_polls_every_second():

@@ -5,12 +5,14 @@ import hashlib
 import json
 from urllib.parse import parse_qs, quote, unquote, urlencode
 
-from dash import Input, Output, State, dcc, html, no_update
+from dash import Input, Output, State, ctx, dcc, html, no_update
 from plotly.utils import PlotlyJSONEncoder
 from starlette.concurrency import run_in_threadpool
 
 from ..monitor import figures
-from ..monitor.diagnosis import verify
+from ..ids import url_segment
+from ..monitor import compare
+from ..monitor.compare_figures import figures_for
 from ..monitor.query import NotFound
 from . import answer, layout, views
 
@@ -39,6 +41,10 @@ def run_options(runs: list[dict], *wanted: str | None) -> list[dict]:
     return options + [{"label": f"{w} (unknown)", "value": w} for w in dict.fromkeys(wanted) if w and w not in known]
 
 
+def options_version(options: list[dict]) -> str:
+    return hashlib.blake2b(json.dumps(options, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
 def compare_search(a: str | None, b: str | None) -> str:
     pairs = {k: v for k, v in (("a", a), ("b", b)) if v}
     return "?" + urlencode(pairs) if pairs else ""
@@ -52,7 +58,10 @@ def route(pathname: str | None, search: str | None, runs: list[dict] | None = No
     if path == "/compare":
         q = parse_qs((search or "").lstrip("?"))
         a, b = q.get("a", [None])[0], q.get("b", [None])[0]
-        return layout.compare_page(a, b, run_options(runs or [], a, b))
+        options = run_options(runs or [], a, b)
+        return layout.compare_page(a, b, options, options_version(options))
+    if path.startswith("/groups/"):
+        return layout.runs_page(unquote(path[len("/groups/"):]))
     return layout.runs_page()
 
 
@@ -111,6 +120,61 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
     }
 
 
+def page_after(triggers, page) -> int:
+    """The runs page to show after what triggered the list (component ids; a tick and a click
+    can arrive in one request): a new filter or sort starts again at the first page, the pager
+    moves it, a tick alone keeps it."""
+    triggers = set(triggers or ())
+    page = page if isinstance(page, int) and not isinstance(page, bool) and page >= 0 else 0
+    if triggers & {"runs-search", "runs-sort", "runs-status", "runs-verdict"}:
+        return 0
+    if "runs-prev" in triggers:
+        return max(0, page - 1)
+    if "runs-next" in triggers:
+        return page + 1
+    return page
+
+
+_last_version: list = [None, None]  # [the list, its fingerprint]: the query layer hands out one list while it is current
+
+
+def runs_version(runs: list[dict]) -> str:
+    """A fingerprint of the runs list: it changes when any run's listed figures do."""
+    if _last_version[0] is not runs:
+        _last_version[:] = [runs, hashlib.blake2b(json.dumps(runs, sort_keys=True, default=str).encode(),
+                                                  digest_size=16).hexdigest()]
+    return _last_version[1]
+
+
+def runs_outputs(runs: list[dict], search, sort, status, verdict, page: int, drawn, group=None) -> tuple:
+    """The runs page's outputs: list, page line, prev/next disabled, page, digest (all
+    no_update when the page already shows this list)."""
+    if not runs:
+        empty = html.P("No runs yet: wrap a loader with starvewatch.watch(loader) and start training.")
+        return empty, "", True, True, 0, None
+    view = views.runs_view(runs, search, sort or "started", status or None, verdict or None, page, group)
+    digest = hashlib.blake2b(json.dumps(view["table"].to_plotly_json(), cls=PlotlyJSONEncoder, sort_keys=True)
+                             .encode(), digest_size=16).hexdigest()
+    if digest == drawn:
+        return (no_update,) * 6
+    info = f" page {view['page'] + 1} of {view['pages']} · {view['runs']:,} runs in {view['groups']:,} " \
+        f"group{'s' * (view['groups'] != 1)} "
+    return (view["table"], info, view["page"] == 0, view["page"] >= view["pages"] - 1, view["page"], digest)
+
+
+def compare_result(query, a: str, b: str) -> html.Div:
+    """The compare page's body for runs a (before) and b (after), or why there is none."""
+    try:
+        _, _, comp, distributions, series = compare.gather(
+            query.summary, query.distributions, lambda run, loader: query.rollup_series(run, loader=loader, points=300),
+            a, b)
+    except NotFound as exc:
+        return html.P(str(exc), id="compare-unknown")
+    links = html.P(["before: ", dcc.Link(a, href=f"/runs/{url_segment(a)}"), " · after: ",
+                    dcc.Link(b, href=f"/runs/{url_segment(b)}")], className="sw-subtitle")
+    return html.Div([links, views.compare_view(comp, figures_for(comp, distributions, series))])
+
+
 OUTPUTS = ("title", "banner", "recommendations", "advice", "kpis", "loader_options", "loader", "timeline",
            "fraction", "system", "histogram", "compute_histogram", "workers", "ranks", "config")
 
@@ -148,13 +212,25 @@ def register(app, get_query) -> None:
         runs = await run_in_threadpool(get_query().list_runs) if (pathname or "").rstrip("/") == "/compare" else None
         return route(pathname, search, runs)
 
-    @app.callback(Output("runs-container", "children"), Input("tick", "data"), Input("runs-search", "value"),
-                  Input("runs-sort", "value"))
-    async def refresh_runs(_tick, search, sort):
-        runs = await run_in_threadpool(get_query().list_runs)
-        if not runs:
-            return html.P("No runs yet: wrap a loader with starvewatch.watch(loader) and start training.")
-        return views.runs_table(runs, _text(search), _text(sort) or "started")
+    @app.callback(Output("runs-version", "data"), Input("tick", "data"), State("runs-version", "data"))
+    async def runs_changed(_tick, known):
+        # The list is drawn again when the runs change, never by the tick alone: a tick's answer
+        # arriving after a click's could otherwise draw the page the click left.
+        version = await run_in_threadpool(lambda: runs_version(get_query().list_runs()))
+        return no_update if version == known else version
+
+    @app.callback(Output("runs-container", "children"), Output("runs-page-info", "children"),
+                  Output("runs-prev", "disabled"), Output("runs-next", "disabled"), Output("runs-page", "data"),
+                  Output("runs-digest", "data"),
+                  Input("runs-version", "data"), Input("runs-search", "value"), Input("runs-sort", "value"),
+                  Input("runs-status", "value"), Input("runs-verdict", "value"), Input("runs-prev", "n_clicks"),
+                  Input("runs-next", "n_clicks"), State("runs-page", "data"), State("runs-group", "data"),
+                  State("runs-digest", "data"))
+    async def refresh_runs(_version, search, sort, status, verdict, _prev, _next, page, group, drawn):
+        page = page_after({p.split(".")[0] for p in ctx.triggered_prop_ids}, page)
+        return await run_in_threadpool(lambda: runs_outputs(
+            get_query().list_runs(), _text(search), _text(sort), _text(status), _text(verdict), page, drawn,
+            _text(group)))
 
     @app.callback(
         Output("run-title", "children"), Output("stall-banner-container", "children"),
@@ -169,13 +245,15 @@ def register(app, get_query) -> None:
     async def refresh_run(_tick, loader, run_id, drawn):
         return await run_in_threadpool(refresh_run_outputs, get_query(), _text(run_id), _text(loader), drawn)
 
-    @app.callback(Output("compare-a", "options"), Output("compare-b", "options"), Input("tick", "data"),
-                  State("compare-a", "value"), State("compare-b", "value"))
-    async def compare_options(_tick, a, b):
+    @app.callback(Output("compare-a", "options"), Output("compare-b", "options"),
+                  Output("compare-options-version", "data"), Input("tick", "data"),
+                  State("compare-a", "value"), State("compare-b", "value"), State("compare-options-version", "data"))
+    async def compare_options(_tick, a, b, known):
         a, b = _text(a), _text(b)
-        runs = await run_in_threadpool(get_query().list_runs)
-        options = run_options(runs, a, b)
-        return options, options
+        options = await run_in_threadpool(lambda: run_options(get_query().list_runs(), a, b))
+        # A thousand runs are a thousand options: sent again only when they change.
+        version = await run_in_threadpool(options_version, options)
+        return (no_update,) * 3 if version == known else (options, options, version)
 
     @app.callback(Output("compare-url", "search"), Input("compare-a", "value"), Input("compare-b", "value"),
                   prevent_initial_call=True)
@@ -187,11 +265,4 @@ def register(app, get_query) -> None:
         a, b = _text(a), _text(b)
         if not a or not b:
             return html.P("Pick a run before and a run after a change.")
-        query = get_query()
-        try:
-            before, after = await run_in_threadpool(lambda: (query.summary(a), query.summary(b)))
-        except NotFound as exc:
-            return html.P(str(exc))
-        links = html.P(["before: ", dcc.Link(a, href=f"/runs/{quote(a)}"), " · after: ",
-                        dcc.Link(b, href=f"/runs/{quote(b)}")], className="sw-subtitle")
-        return html.Div([links, views.compare_panel(before, after, verify(before, after))])
+        return await run_in_threadpool(compare_result, get_query(), a, b)

@@ -17,9 +17,24 @@ def root_layout() -> html.Div:
                      html.Div(id="page", className="sw-page")])
 
 
-def runs_page() -> html.Div:
+def _filter(filter_id: str, label: str, options: list[tuple[str, str]]) -> html.Div:
+    return html.Div([html.Span(label, className="sw-muted"),
+                     dcc.RadioItems(id=filter_id, value="", inline=True, className="sw-filter",
+                                    options=[{"label": "any", "value": ""}] +
+                                    [{"label": text, "value": value} for value, text in options])],
+                    className="sw-filter-row")
+
+
+def runs_page(group: str | None = None) -> html.Div:
+    """Runs grouped by name, filtered by status and verdict, a page of runs at a time; with
+    `group`, the runs of that name only (all of them)."""
+    from ..monitor.query import STATUSES
+    from .views import VERDICTS
+    title = html.H2("Runs") if group is None else \
+        html.H2(["Runs named ", html.Code(group), " ", dcc.Link("(all runs)", href="/", className="sw-muted")])
     return html.Div([
-        html.H2("Runs"),
+        title,
+        dcc.Store(id="runs-group", data=group),
         html.Div([dcc.Input(id="runs-search", type="search", placeholder="search by name or id",
                             className="sw-search", debounce=False),
                   dcc.Dropdown(id="runs-sort", value="started", clearable=False, style={"width": "220px"},
@@ -28,7 +43,15 @@ def runs_page() -> html.Div:
                                         {"label": "highest throughput", "value": "throughput"},
                                         {"label": "name", "value": "name"}])],
                  style={"display": "flex", "gap": "12px", "alignItems": "center"}),
+        _filter("runs-status", "status:", [(s, s) for s in STATUSES]),
+        _filter("runs-verdict", "verdict:", list(VERDICTS.items())),
+        dcc.Store(id="runs-page", data=0),
+        dcc.Store(id="runs-version"),  # the runs list's fingerprint: the list is drawn again when it changes
+        dcc.Store(id="runs-digest"),  # what the list last drew: an unchanged list is not redrawn
         html.Div(id="runs-container", className="sw-card"),
+        html.Div([html.Button("← newer", id="runs-prev", n_clicks=0, disabled=True),
+                  html.Span(id="runs-page-info", className="sw-muted"),
+                  html.Button("older →", id="runs-next", n_clicks=0, disabled=True)], className="sw-pager"),
     ])
 
 
@@ -63,7 +86,8 @@ def run_page(run_id: str) -> html.Div:
     ])
 
 
-def compare_page(a: str | None, b: str | None, options: list[dict] | None = None) -> html.Div:
+def compare_page(a: str | None, b: str | None, options: list[dict] | None = None,
+                 options_version: str | None = None) -> html.Div:
     """The pickers get their options with the page, so `/compare?a=&b=` opens preselected."""
     options = options or []
     return html.Div([
@@ -74,4 +98,5 @@ def compare_page(a: str | None, b: str | None, options: list[dict] | None = None
                   dcc.Dropdown(id="compare-b", options=options, value=b, placeholder="after", style={"width": "480px"})],
                  style={"display": "flex", "gap": "12px"}),
         html.Div(id="compare-result", className="sw-card"),
+        dcc.Store(id="compare-options-version", data=options_version),  # the options sent: again only when changed
     ])

@@ -6,7 +6,7 @@ from dash import dcc, html
 from ..ids import url_segment
 from ..monitor import figures
 from ..monitor.diagnosis import joint_changes_note
-from ..monitor.export import compare_rows, measured_with_interval
+from ..monitor import compare
 from .quantities import human_bytes
 from ..monitor.findings import stall_where
 
@@ -53,17 +53,87 @@ def table(header: list[str], rows: list[list], table_id: str | None = None) -> h
                       className="sw-table", **extra)
 
 
-def runs_table(runs: list[dict], search: str | None = None, sort: str = "started") -> html.Table:
-    if search:
-        runs = [r for r in runs if search.lower() in (r["name"] + " " + r["id"]).lower()]
-    keys = {"started": lambda r: r["started_at"] or "", "wait": lambda r: r["input_wait_fraction"] or 0,
-            "throughput": lambda r: r["batches_per_s"] or 0, "name": lambda r: r["name"]}
-    runs = sorted(runs, key=keys.get(sort, keys["started"]), reverse=sort != "name")
-    rows = [[dcc.Link(r["name"], href=f"/runs/{url_segment(r['id'])}"), html.Code(r["id"]), badge(r["status"]),
-             (r["started_at"] or "")[:19].replace("T", " "), f"{r['duration_s']:.0f} s", badge(r["verdict"]),
-             pct(r["input_wait_fraction"]), num(r["batches_per_s"])] for r in runs]
-    return table(["name", "run", "status", "started (UTC)", "duration", "verdict", "input wait", "batches/s"],
-                 rows, "runs-table")
+VERDICTS = {"high": "input-bound", "moderate": "partly input-bound", "not": "not input-bound",
+            "insufficient_data": "insufficient data"}
+PAGE_SIZE = 50  # runs per page: the page stays light with thousands of runs in the store
+PER_GROUP = 3  # a group shows its newest runs; its own page (/groups/NAME) shows them all
+
+SORT_KEYS = {"started": lambda r: r["started_at"] or "", "wait": lambda r: r["input_wait_fraction"] or 0,
+             "throughput": lambda r: r["batches_per_s"] or 0, "name": lambda r: r["name"]}
+
+
+def group_runs(runs: list[dict], search: str | None = None, sort: str = "started", status: str | None = None,
+               verdict: str | None = None, only: str | None = None) -> list[dict]:
+    """Runs grouped by name: [{"name", "runs" (those the filters keep, newest first), "total",
+    "last_two" ([before, after] ids of the group's two newest runs, or None)}]. A group sorts by
+    its newest shown run under `sort`; groups the filters empty are left out."""
+    groups: dict[str, list[dict]] = {}
+    for r in sorted(runs, key=SORT_KEYS["started"], reverse=True):
+        groups.setdefault(r["name"], []).append(r)
+    needle = search.lower() if search else None
+    out = []
+    for name, members in groups.items():
+        if only is not None and name != only:
+            continue
+        shown = [r for r in members if (needle is None or needle in (r["name"] + " " + r["id"]).lower())
+                 and (not status or r["status"] == status) and (not verdict or r["verdict"] == verdict)]
+        if shown:
+            out.append({"name": name, "runs": shown, "total": len(members),
+                        "last_two": [members[1]["id"], members[0]["id"]] if len(members) > 1 else None})
+    key = SORT_KEYS.get(sort, SORT_KEYS["started"])
+    out.sort(key=lambda g: key(g["runs"][0]), reverse=sort != "name")
+    return out
+
+
+def _group_row(group: dict, shown: int, continued: bool) -> html.Tr:
+    from urllib.parse import quote
+    matching, total = len(group["runs"]), group["total"]
+    count = f"{total} run{'s' * (total != 1)}" if matching == total else f"{matching} of {total} runs match"
+    more = [" · ", dcc.Link(f"all {matching}", href=f"/groups/{url_segment(group['name'])}",
+                            className="sw-group-all")] if shown < matching else []
+    cells = [html.Td([dcc.Link(group["name"], href=f"/runs/{url_segment(group['runs'][0]['id'])}",
+                               className="sw-group-name"),
+                      html.Span(f" · {count}" + (" (continued)" if continued else ""), className="sw-muted"), *more],
+                     colSpan=5)]
+    if group["last_two"]:
+        a, b = group["last_two"]
+        cells.append(html.Td(dcc.Link("compare the last two", href=f"/compare?a={quote(a, safe='')}&b={quote(b, safe='')}",
+                                      className="sw-compare-last-two"), colSpan=2))
+    else:
+        cells.append(html.Td("one run", className="sw-muted", colSpan=2))
+    return html.Tr(cells, className="sw-group")
+
+
+def runs_view(runs: list[dict], search: str | None = None, sort: str = "started", status: str | None = None,
+              verdict: str | None = None, page: int = 0, group: str | None = None) -> dict:
+    """One page of the runs page: {"table", "page", "pages", "runs", "groups"}. Each group shows
+    its PER_GROUP newest runs (all of them on its own page, `group`), PAGE_SIZE runs a page; a
+    group cut by a page boundary is headed again on the next page, marked continued."""
+    groups = group_runs(runs, search, sort, status, verdict, only=group)
+    per_group = None if group is not None else PER_GROUP
+    flat = [(g, i, r) for g in groups for i, r in enumerate(g["runs"][:per_group])]
+    pages = max(1, -(-len(flat) // PAGE_SIZE))
+    page = min(max(0, page), pages - 1)
+    rows, current = [], None
+    for g, i, r in flat[page * PAGE_SIZE:(page + 1) * PAGE_SIZE]:
+        if g is not current:
+            rows.append(_group_row(g, len(g["runs"][:per_group]), continued=i > 0))
+            current = g
+        rows.append(html.Tr([html.Td(dcc.Link(r["id"], href=f"/runs/{url_segment(r['id'])}"), className="sw-run-id"),
+                             html.Td(badge(r["status"])), html.Td((r["started_at"] or "")[:19].replace("T", " ")),
+                             html.Td(f"{r['duration_s']:.0f} s"), html.Td(badge(r["verdict"])),
+                             html.Td(pct(r["input_wait_fraction"])), html.Td(num(r["batches_per_s"]))],
+                            className="sw-run"))
+    view = f"{status or 'any'}|{verdict or 'any'}|{sort}|{page}|{len(flat)}"
+    if not rows:
+        body = html.P("No run matches these filters.", id="runs-none", **{"data-view": view})
+    else:
+        header = html.Thead(html.Tr([html.Th(h) for h in ("run", "status", "started (UTC)", "duration", "verdict",
+                                                           "input wait", "batches/s")]))
+        body = html.Table([header, html.Tbody(rows)], className="sw-table sw-runs", id="runs-table",
+                          **{"data-view": view})
+    return {"table": body, "page": page, "pages": pages, "runs": sum(len(g["runs"]) for g in groups),
+            "shown": len(flat), "groups": len(groups)}
 
 
 def stall_banner(summary: dict, status: str) -> html.Div | None:
@@ -156,19 +226,53 @@ def ranks_panel(per_rank: dict[int, dict], stragglers: dict | None = None) -> ht
     return html.Div(parts, id="ranks-panel")
 
 
-def compare_panel(before: dict, after: dict, verification: dict | None) -> html.Div:
-    rows = [list(r) for r in compare_rows(before, after)]
-    parts = [table(["loader", "metric", "before", "after", "after/before"], rows, "compare-table")]
-    if verification:
-        vrows = [[r["loader"], f"{r['parameter']}={r['suggested']!r}", "yes" if r["applied"] else "no",
-                  num(r.get("judged_against") or r["expected_speedup"], 2, "x"), measured_with_interval(r),
-                  badge_status(r["status"])]
-                 for r in verification["results"]]
-        parts += [html.H4("Verify after change"),
-                  table(["loader", "change", "applied", "expected", "measured (95% interval)", "verdict"], vrows, "verify-table"),
-                  *[html.P(note, className="note") for note in joint_changes_note(verification)]]
+def compare_view(comp: dict, charts: dict | None = None) -> html.Div:
+    """Two runs side by side (monitor/compare.py): the metric changes, the configuration with
+    what changed highlighted, the verify-after-change verdict with its intervals drawn, then the
+    distributions overlaid and the series on one time axis, per pair of loaders."""
+    def graph(fig, graph_id):
+        return html.Div(dcc.Graph(figure=fig, id=graph_id, config={"displaylogo": False}), className="sw-card")
+
+    parts = [html.P(f"loader {p['before']} compared with {p['after']} (each run's only loader)", className="note")
+             for p in comp["pairs"] if p["by"] == "only loader"]
+    for side in ("before", "after"):
+        if comp["unpaired"][side]:
+            parts.append(html.P(f"only in the {side} run: {', '.join(comp['unpaired'][side])}", className="note"))
+    if comp["metrics"]:
+        parts.append(table(["loader", "metric", "before", "after", "change"],
+                           [[r["loader"], r["metric"], compare.value_text(r["before"], r["kind"]),
+                             compare.value_text(r["after"], r["kind"]), compare.change_text(r)]
+                            for r in comp["metrics"]], "compare-table"))
     else:
-        parts.append(html.P("The loader configurations are the same: nothing to verify."))
+        parts.append(html.P("No loader of one run pairs with a loader of the other: nothing to compare.",
+                            id="compare-nothing"))
+    if comp["config"]:
+        rows = [html.Tr([html.Td(r["loader"]), html.Th(r["setting"]),
+                         html.Td(html.Code(compare.setting_text(r["before"], r["before_set"]))),
+                         html.Td(html.Code(compare.setting_text(r["after"], r["after_set"])))],
+                        className="sw-changed" if r["changed"] else None) for r in comp["config"]]
+        parts += [html.H4("Configuration (changed settings highlighted)"),
+                  html.Table([html.Thead(html.Tr([html.Th(h) for h in ("loader", "setting", "before", "after")])),
+                              html.Tbody(rows)], className="sw-table sw-kv", id="config-diff")]
+    verification = comp["verification"]
+    if verification and verification["results"]:
+        vrows = [[r["loader"], f"{r['parameter']}={r['suggested']!r}", "yes" if r["applied"] else "no",
+                  badge_status(r["status"]), compare.interval_text(r)] for r in verification["results"]]
+        parts += [html.H4("Verify after change"),
+                  table(["loader", "change", "applied", "verdict", "measured against predicted"], vrows, "verify-table"),
+                  *[html.P(note, className="note") for note in joint_changes_note(verification)]]
+        if charts is not None:
+            parts.append(graph(charts["verify"], "verify-graph"))
+    elif verification:
+        parts.append(html.P("The configuration changed, but the before run had no recommendation to verify.",
+                            id="verify-none"))
+    else:
+        parts.append(html.P("The loader configurations are the same: nothing to verify.", id="verify-none"))
+    for i, pair in enumerate((charts or {}).get("pairs") or []):
+        parts += [html.H4(f"Loader {pair['label']}"),
+                  html.Div([graph(pair["wait"], f"compare-wait-{i}"), graph(pair["compute"], f"compare-compute-{i}"),
+                            graph(pair["throughput"], f"compare-throughput-{i}"),
+                            graph(pair["input_wait"], f"compare-input-wait-{i}")], className="sw-grid")]
     return html.Div(parts)
 
 

@@ -200,6 +200,11 @@ def create_app(settings: CollectorSettings | None = None, *,
                     points: int = Q(1000, ge=1, le=10_000)):
         return FastJSONResponse(state["query"].step_series(run_id, loader=loader, rank=rank, points=points))
 
+    @app.get("/api/v1/runs/{run_id}/distributions")
+    def distributions(run_id: str, loader: str = "train"):
+        """Wait and compute per batch of one loader as log-bucketed counts (the compare page's)."""
+        return FastJSONResponse(state["query"].distributions(run_id, loader))
+
     @app.get("/api/v1/runs/{run_id}/workers/memory")
     def workers_memory(run_id: str):
         return FastJSONResponse(state["query"].worker_memory(run_id))

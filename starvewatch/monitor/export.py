@@ -102,7 +102,7 @@ def to_markdown(summary: dict) -> str:
         risk = f" Protects against: {r['risk']}." if r.get("kind") == "protective" and r.get("risk") else ""
         label = " (protective)" if r.get("kind") == "protective" else ""
         lines.append(f"{i}. **{r['loader']}**{label}: {what}{gain}. {r['reason']}.{risk}")
-        lines.append(f"   Evidence: `{json.dumps(r['evidence'], default=str)}`")
+        lines.append(f"   Evidence: {quantities_text(r.get('evidence'))}")
     for l in summary["loaders"]:
         code = snippet(l.get("config"), summary["recommendations"], l["name"])
         if code:
@@ -121,7 +121,7 @@ def to_markdown(summary: dict) -> str:
         lines += ["", "## Findings", ""]
         for f in summary["findings"]:
             lines.append(f"- **{f['loader']}** {finding_line(f)}")
-            lines.append(f"  - Evidence: `{json.dumps(f.get('detail'), default=str)}`")
+            lines.append(f"  - Evidence: {quantities_text(f.get('detail'))}")
             lines.append(f"  - Fix: {f.get('fix')}")
     if summary.get("verification"):
         lines += ["", "## Verify after change", "", compare_table(None, summary, summary["verification"])]
@@ -130,9 +130,46 @@ def to_markdown(summary: dict) -> str:
     from .tuning import markdown as tuning_markdown
     lines += tuning_markdown(summary.get("tuning"))
     lines += ["", "## Loader configuration", ""]
-    for l in summary["loaders"]:
-        lines.append(f"- {l['name']}: `{json.dumps(l.get('config'), default=str)}`")
+    lines += config_table_lines(summary)
     return "\n".join(lines) + "\n"
+
+
+def quantities_text(named: dict | None) -> str:
+    """Named quantities as the dashboard reads them: 'load per batch 26.7 ms; cores 2'."""
+    from ..quantities import rows
+    return "; ".join(f"{label} {value}" for label, value in rows(named)) or "none recorded"
+
+
+def _config_cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ").replace("`", "'")
+
+
+def config_table_lines(summary: dict) -> list[str]:
+    """Per loader, its settings as a table; a setting a recommendation changes is in bold with
+    the value to set (the dashboard's configuration table, in Markdown)."""
+    from ..quantities import value
+    recs = summary.get("recommendations") or []
+    lines = []
+    for l in summary["loaders"]:
+        config = l.get("config") or {}
+        changes = {r["parameter"]: r for r in recs if r["loader"] == l["name"] and r.get("parameter")}
+        lines.append(f"### {_config_cell(l['name'])}")
+        if not config and not changes:
+            lines += ["", "No configuration recorded (not a torch DataLoader).", ""]
+            continue
+        lines += ["", "| setting | now | recommended |", "|---|---|---|"]
+        for key in list(config) + [k for k in changes if k not in config]:
+            x = config.get(key)
+            now = "(default)" if key not in config else value("", x) if isinstance(x, (dict, list, tuple)) else repr(x)
+            rec = changes.get(key)
+            if rec is None:
+                lines.append(f"| {_config_cell(key)} | `{_config_cell(now)}` | |")
+                continue
+            gain = " (protective)" if rec.get("kind") == "protective" else \
+                f" (expected {rec['expected_speedup']:.2f}x)" if rec.get("expected_speedup") else ""
+            lines.append(f"| **{_config_cell(key)}** | `{_config_cell(now)}` | **→ `{_config_cell(repr(rec['suggested']))}`**{gain} |")
+        lines.append("")
+    return lines
 
 
 def compare_rows(before: dict, after: dict) -> list[tuple]:

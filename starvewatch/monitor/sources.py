@@ -64,6 +64,9 @@ class LocalSource:
     def samples(self, run_id: str) -> list[dict]:
         return self._call(self.query.events, run_id, "samples", limit=50_000)
 
+    def distributions(self, run_id: str, loader: str) -> dict:
+        return self._call(self.query.distributions, run_id, loader)
+
     def delete(self, run_id: str) -> None:
         if not self.store.delete_run(run_id):
             raise SourceError(f"unknown run {run_id!r}")
@@ -131,6 +134,9 @@ class RemoteSource:
 
     def samples(self, run_id: str) -> list[dict]:
         return self._get(f"/api/v1/runs/{url_segment(run_id)}/events/samples", limit=50_000)["events"]
+
+    def distributions(self, run_id: str, loader: str) -> dict:
+        return self._get(f"/api/v1/runs/{url_segment(run_id)}/distributions", loader=loader)
 
     def delete(self, run_id: str) -> None:
         import httpx
