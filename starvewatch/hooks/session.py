@@ -84,7 +84,8 @@ class Session:
         self.name = safe_name(name)
         self.settings = settings
         self.run_id = run_id_for(name)
-        if self.run_id == after_run_id:
+        if after_run_id is not None and (self.run_id == after_run_id
+                                         or after_run_id.startswith(self.run_id + "-r")):
             # A distributed job's id is derived from the job: every rank starts the next run
             # at the same point, so every rank derives the same new id from the previous one.
             self.run_id = _next_run_id(after_run_id)
