@@ -32,15 +32,28 @@ class Kernel:
         self.client.start_new_kernel(env=env)
         self.client.start_new_kernel_client()
 
-    def run(self, code: str):
+    def run(self, code: str, cell_id: str | None = None):
+        """`cell_id`: sent as JupyterLab, Notebook 7 and VS Code do (execute_request metadata)."""
         cell = nbformat.v4.new_code_cell(textwrap.dedent(code))
         self.nb.cells.append(cell)
-        self.client.execute_cell(cell, len(self.nb.cells) - 1)
+        session = self.client.kc.session
+        if cell_id is not None:
+            original = session.msg
+
+            def with_cell_id(msg_type, content=None, parent=None, header=None, metadata=None):
+                if msg_type == "execute_request":
+                    metadata = dict(metadata or {}, cellId=cell_id)
+                return original(msg_type, content, parent, header, metadata)
+            session.msg = with_cell_id
+        try:
+            self.client.execute_cell(cell, len(self.nb.cells) - 1)
+        finally:
+            session.__dict__.pop("msg", None)
         return cell
 
-    def value(self, code: str):
+    def value(self, code: str, cell_id: str | None = None):
         """Run a cell whose last stdout line is JSON; fail with the cell's errors if it has any."""
-        cell = self.run(code)
+        cell = self.run(code, cell_id)
         errors = [o for o in cell.outputs if o.output_type == "error"]
         assert not errors, "\n".join(errors[0].traceback)
         text = "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
@@ -214,6 +227,30 @@ def test_rewatch_with_other_settings_starts_a_new_run_of_the_same_name(kernel, s
     one, two = (stored_summary(served, r["id"])["loaders"] for r in runs)
     assert [(l["name"], l["config"]["batch_size"], l["steps"], l["epochs"]) for l in one] == [("train", 8, 8, 1)]
     assert [(l["name"], l["config"]["batch_size"], l["steps"], l["epochs"]) for l in two] == [("train", 16, 8, 2)]
+
+
+def test_unnamed_rewatch_in_a_rerun_cell_keeps_its_names_by_cell_id(kernel, served):
+    """Two unnamed loaders made in one cell (no variable to tell them apart): the cell's id and
+    each call's rank in it keep their names when the cell is re-run with other settings."""
+    cell = """
+        os.environ["JPY_SESSION_NAME"] = "cellid.ipynb"
+        ds = TensorDataset(torch.arange(32.0))
+        LOADERS = [sw.watch(DataLoader(ds, batch_size=b)) for b in {sizes}]
+        for loader in LOADERS:
+            for batch in loader:
+                pass
+        s = sw_session.current_session()
+        print(json.dumps(dict(run_info(), loaders=[[l.name, l.config["batch_size"]] for l in s.loader_list])))
+    """
+    first = kernel.value(cell.format(sizes=(8, 4)), cell_id="cell-a")
+    assert first["loaders"] == [["train", 8], ["loader2", 4]]
+    other = kernel.value('val = [sw.watch([1, 2]) for _ in range(1)][0]; list(val); '
+                         'print(json.dumps(sw_session.current_session().loader_list[-1].name))', cell_id="cell-b")
+    assert other == "loader3"  # another cell: another name
+    second = kernel.value(cell.format(sizes=(16, 4)), cell_id="cell-a")
+    assert second["id"] != first["id"] and second["name"] == "cellid"
+    assert second["loaders"] == [["train", 16], ["loader2", 4]]  # not loader4, loader5
+    kernel.value("sw.finish(); print(1)")
 
 
 def test_inline_live_page_and_html_summary(kernel, served):
