@@ -235,7 +235,9 @@ def test_unnamed_rewatch_in_a_rerun_cell_keeps_its_names_by_cell_id(kernel, serv
     cell = """
         os.environ["JPY_SESSION_NAME"] = "cellid.ipynb"
         ds = TensorDataset(torch.arange(32.0))
-        LOADERS = [sw.watch(DataLoader(ds, batch_size=b)) for b in {sizes}]
+        LOADERS = []
+        for b in {sizes}:
+            LOADERS.append(sw.watch(DataLoader(ds, batch_size=b)))  # no variable names them
         for loader in LOADERS:
             for batch in loader:
                 pass

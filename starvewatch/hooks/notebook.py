@@ -73,7 +73,7 @@ class _Cells:
 
 
 CELLS = _Cells()
-# (cell id, nth unnamed watch in it) or ("assigned", target): the loader name it got, so that
+# ("cell", cell id, nth unnamed watch in it) or ("assigned", target, nth): the name it got, so that
 # a re-run cell's unnamed watch() keeps its name. Bounded: a name per site, few sites.
 _NAME_BY_SITE: dict = {}
 _NAME_BY_SITE_MAX = 10_000
@@ -118,7 +118,7 @@ def _after_cell(result=None) -> None:
 def unnamed_watch_key(frame) -> tuple | None:
     """Where this unnamed watch() comes from, stable when its cell is re-run with new settings:
     the cell's id (JupyterLab, Notebook 7 and VS Code send one) and the call's rank in the cell;
-    without an id, the variable the line assigns (`train = starvewatch.watch(...)`)."""
+    without an id, the variable the line assigns (`train = starvewatch.watch(...)`) and that rank."""
     CELLS.unnamed_watches += 1
     if CELLS.cell_id:
         return ("cell", CELLS.cell_id, CELLS.unnamed_watches)
@@ -127,7 +127,7 @@ def unnamed_watch_key(frame) -> tuple | None:
     if frame is None:
         return None
     match = _ASSIGNED.match(linecache.getline(frame.f_code.co_filename, frame.f_lineno))
-    return ("assigned", match.group(1)) if match else None
+    return ("assigned", match.group(1), CELLS.unnamed_watches) if match else None
 
 
 def name_for_site(key) -> str | None:
