@@ -11,6 +11,7 @@ import linecache
 import logging
 import os
 import re
+import secrets
 import sys
 import threading
 import time
@@ -236,12 +237,20 @@ def _colab_proxy(colab, port: int) -> str | None:
 def run_page_html(url: str, height_px: int = 640) -> str:
     """An IFrame of the live page with a plain link beside it: a notebook reopened later
     shows a dead frame, the link still says where the run was. A small script reloads the
-    frame once the collector answers (an auto-started one takes a few seconds)."""
+    frame once the collector answers (an auto-started one takes a few seconds): a `no-cors`
+    fetch fails while nothing listens and succeeds (opaque) once something does."""
     src = html.escape(url, quote=True)
+    frame_id = f"starvewatch-{secrets.token_hex(6)}"
     return (f'<div class="starvewatch-live"><a href="{src}" target="_blank" rel="noopener">'
             f'starvewatch: live run page</a> ({html.escape(url)})<br>'
-            f'<iframe src="{src}" width="100%" height="{int(height_px)}" frameborder="0" '
-            f'loading="lazy"></iframe></div>')
+            f'<iframe id="{frame_id}" src="{src}" width="100%" height="{int(height_px)}" '
+            f'frameborder="0"></iframe><script>(function () {{'
+            f'var frame = document.getElementById("{frame_id}"), tries = 0, missed = false;'
+            f'function probe() {{ if (!frame) return;'
+            f'fetch(frame.src, {{mode: "no-cors", cache: "no-store"}}).then(function () {{'
+            f'if (missed) frame.src = frame.getAttribute("src"); }}, function () {{'
+            f'missed = true; if (++tries < 120) setTimeout(probe, 1000); }}); }}'
+            f'probe(); }})();</script></div>')
 
 
 def show_run(session) -> None:
