@@ -428,11 +428,11 @@ def _in_kernel(shell, session: Session) -> None:
 def finish(*, quiet: bool | None = None) -> dict | None:
     """Flush, stop the threads, end the run and return its summary (starvewatch.summary/1)."""
     global _LAST_SUMMARY, _RESUME
-    _RESUME = None  # a run the user ends: the next one is named and set up afresh
     with _LOCK, _child_exits_deferred():
         session = _SESSION
         if session is None or not session.active or session.pid != os.getpid():
-            return _LAST_SUMMARY
+            return _LAST_SUMMARY  # (after an idle end too: the next watch() still resumes)
+        _RESUME = None  # a run the user ends: the next one is named and set up afresh
         session.close_open_steps()
         session.active = False
         if session.idle_ender is not None:
