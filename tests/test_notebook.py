@@ -306,13 +306,15 @@ def test_colab_port_proxy_with_a_stand_in_module(kernel, served, tmp_path):
         loader = sw.watch([1, 2, 3], "train")
     """)
     asked = kernel.value("""
-        print(json.dumps([google.colab.output.ASKED, run_info()["id"]]))
+        print(json.dumps([google.colab.output.ASKED, run_info()["id"], os.environ.pop("STARVEWATCH_FRAME_ANCESTORS")]))
         sw.finish()
         for m in [m for m in sys.modules if m.startswith("google.colab")]:
             del sys.modules[m]
         sys.path.pop(0)
     """)
-    scripts, run_id = asked
+    scripts, run_id, ancestors = asked
+    # A collector started from this kernel lets Colab's output frames show run pages.
+    assert ancestors == "https://colab.research.google.com https://*.googleusercontent.com"
     port = urllib.parse.urlsplit(served.url).port
     assert scripts == [f"google.colab.kernel.proxyPort({port}, {{'cache': false}})"]
     shown = [o for o in cell.outputs if o.output_type == "display_data"][0]["data"]["text/html"]

@@ -223,6 +223,17 @@ def run_page_url(settings, run_id: str) -> str | None:
     return _without_credentials(settings.url.rstrip("/") + "/" + path)
 
 
+COLAB_FRAME_ANCESTORS = "https://colab.research.google.com https://*.googleusercontent.com"
+
+
+def prepare_environment() -> None:
+    """Before a run starts in Colab: a collector this kernel starts lets Colab's output frames
+    show its run pages (monitor/framing.py reads STARVEWATCH_FRAME_ANCESTORS). Colab's VM is
+    reached only through Colab's own authenticated port proxy."""
+    if "google.colab" in sys.modules:
+        os.environ.setdefault("STARVEWATCH_FRAME_ANCESTORS", COLAB_FRAME_ANCESTORS)
+
+
 def _colab_proxy(colab, port: int) -> str | None:
     """Colab serves a kernel port to the browser at a URL its frontend gives (as %tensorboard)."""
     try:

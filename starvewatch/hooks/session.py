@@ -291,6 +291,9 @@ def init(name: str | None = None, *, url: str | None = None, dir=None, transport
             settings = HookSettings.from_env(url=url, dir=dir)
         if settings.disabled:
             return None
+        if "google.colab" in sys.modules:  # before the sidecar may start a collector
+            from .notebook import prepare_environment
+            prepare_environment()
         _SESSION = Session(name or default_run_name(), settings, transport, after_run_id=after)
         _register_atexit()
         from .samplers import start_samplers
