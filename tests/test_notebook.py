@@ -244,21 +244,35 @@ def test_unnamed_rewatch_in_a_rerun_cell_keeps_its_names_by_cell_id(kernel, serv
         ds = TensorDataset(torch.arange(32.0))
         LOADERS = []
         for b in {sizes}:
-            LOADERS.append(sw.watch(DataLoader(ds, batch_size=b)))  # no variable names them
+            LOADERS.append(sw.watch(DataLoader(ds, batch_size={size}))) # no variable names them
         for loader in LOADERS:
             for batch in loader:
                 pass
         s = sw_session.current_session()
         print(json.dumps(dict(run_info(), loaders=[[l.name, l.config["batch_size"]] for l in s.loader_list])))
     """
-    first = kernel.value(cell.format(sizes=(8, 4)), cell_id="cell-a")
+    first = kernel.value(cell.format(sizes=(8, 4), size="b"), cell_id="cell-a")
     assert first["loaders"] == [["train", 8], ["loader2", 4]]
     other = kernel.value('val = [sw.watch([1, 2]) for _ in range(1)][0]; list(val); '
                          'print(json.dumps(sw_session.current_session().loader_list[-1].name))', cell_id="cell-b")
     assert other == "loader3"  # another cell: another name
-    second = kernel.value(cell.format(sizes=(16, 4)), cell_id="cell-a")
+    # The cell edited (the watch line too) and re-run.
+    second = kernel.value(cell.format(sizes=(8, 2), size="b * 2"), cell_id="cell-a")
     assert second["id"] != first["id"] and second["name"] == "cellid"
     assert second["loaders"] == [["train", 16], ["loader2", 4]]  # not loader4, loader5
+    kernel.value("sw.finish(); print(1)")
+
+
+def test_unnamed_rewatch_on_a_line_that_assigns_nothing(kernel):
+    cell = """
+        os.environ["JPY_SESSION_NAME"] = "lines.ipynb"
+        for batch in sw.watch(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4)):
+            pass
+        print(json.dumps([l.name for l in sw_session.current_session().loader_list]))
+    """
+    kernel.value("sw.finish(); print(1)")
+    assert kernel.value(cell) == ["train"]
+    assert kernel.value(cell) == ["train"]  # run again: the same loader, not loader2
     kernel.value("sw.finish(); print(1)")
 
 

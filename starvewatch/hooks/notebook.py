@@ -18,6 +18,7 @@ import time
 import urllib.parse
 import weakref
 from pathlib import Path
+from time import perf_counter_ns
 
 log = logging.getLogger("starvewatch.hooks")
 
@@ -67,6 +68,7 @@ class _Cells:
         self.running = False
         self.cell_id: str | None = None
         self.unnamed_watches = 0  # unnamed watch() calls in the cell in progress
+        self.error_ns = 0  # when the cell's exception reached the shell (perf_counter ns), or 0
         self.registered_on: object | None = None
         # The session module's functions, given by install() (this module imports nothing of it)
         self.current_session = lambda: None
@@ -74,8 +76,8 @@ class _Cells:
 
 
 CELLS = _Cells()
-# ("cell", cell id, nth unnamed watch in it) or ("assigned", target, nth): the name it got, so that
-# a re-run cell's unnamed watch() keeps its name. Bounded: a name per site, few sites.
+# ("cell", cell id, nth unnamed watch in it), ("assigned", target, nth) or ("line", text, nth):
+# the name it got, so that a re-run cell's unnamed watch() keeps its name. Bounded.
 _NAME_BY_SITE: dict = {}
 _NAME_BY_SITE_MAX = 10_000
 
@@ -87,6 +89,7 @@ def install(shell, session, current_session, end_idle_run) -> None:
     if CELLS.registered_on is not shell:
         shell.events.register("pre_run_cell", _before_cell)
         shell.events.register("post_run_cell", _after_cell)
+        _time_tracebacks(shell)
         CELLS.registered_on = shell
         # watch() runs inside a cell: the first one sees the cell start after it.
         CELLS.running = True
@@ -96,11 +99,25 @@ def install(shell, session, current_session, end_idle_run) -> None:
         session.idle_ender.start()
 
 
+def _time_tracebacks(shell) -> None:
+    """A loop stopped by an exception ends where the exception reached the shell, not after
+    the traceback is formatted and shown (a tenth of a second and more: it is highlighted)."""
+    original = shell.showtraceback
+
+    def showtraceback(*args, **kwargs):
+        if not CELLS.error_ns:
+            CELLS.error_ns = perf_counter_ns()
+        return original(*args, **kwargs)
+    showtraceback.__wrapped__ = original
+    shell.showtraceback = showtraceback
+
+
 def _before_cell(info=None) -> None:
     with CELLS.lock:  # waits for an idle end in progress, so the cell never sees half a finish
         CELLS.running = True
     CELLS.cell_id = getattr(info, "cell_id", None)
     CELLS.unnamed_watches = 0
+    CELLS.error_ns = 0
 
 
 def _after_cell(result=None) -> None:
@@ -109,17 +126,19 @@ def _after_cell(result=None) -> None:
     try:
         session = CELLS.current_session()
         if session is not None and session.active and session.pid == os.getpid():
-            session.settle_open_steps(threading.get_ident())
+            session.settle_open_steps(threading.get_ident(), CELLS.error_ns or perf_counter_ns())
     except Exception as exc:  # a hook that raises would print a traceback under every cell
         log.warning("starvewatch: closing the cell's steps failed: %s: %s", type(exc).__name__, exc)
     finally:
+        CELLS.error_ns = 0
         CELLS.running = False
 
 
 def unnamed_watch_key(frame) -> tuple | None:
     """Where this unnamed watch() comes from, stable when its cell is re-run with new settings:
     the cell's id (JupyterLab, Notebook 7 and VS Code send one) and the call's rank in the cell;
-    without an id, the variable the line assigns (`train = starvewatch.watch(...)`) and that rank."""
+    without an id, the variable the line assigns (`train = starvewatch.watch(...)`), or else the
+    line's text, and that rank."""
     CELLS.unnamed_watches += 1
     if CELLS.cell_id:
         return ("cell", CELLS.cell_id, CELLS.unnamed_watches)
@@ -127,8 +146,12 @@ def unnamed_watch_key(frame) -> tuple | None:
         frame = frame.f_back
     if frame is None:
         return None
-    match = _ASSIGNED.match(linecache.getline(frame.f_code.co_filename, frame.f_lineno))
-    return ("assigned", match.group(1), CELLS.unnamed_watches) if match else None
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    match = _ASSIGNED.match(line)
+    if match:
+        return ("assigned", match.group(1), CELLS.unnamed_watches)
+    # `for batch in starvewatch.watch(loader):` assigns nothing: the same line run again
+    return ("line", line.strip(), CELLS.unnamed_watches) if line.strip() else None
 
 
 def name_for_site(key) -> str | None:
@@ -215,9 +238,8 @@ def run_page_url(settings, run_id: str) -> str | None:
     if template:
         base = template.replace("%PORT%", str(_port_of(settings.url)))
         return _without_credentials(base.rstrip("/") + "/" + path)
-    colab = sys.modules.get("google.colab")
-    if colab is not None:
-        proxied = _colab_proxy(colab, _port_of(settings.url))
+    if "google.colab" in sys.modules:
+        proxied = _colab_proxy(_port_of(settings.url))
         if proxied:
             return _without_credentials(proxied.rstrip("/") + "/" + path)
     return _without_credentials(settings.url.rstrip("/") + "/" + path)
@@ -234,7 +256,7 @@ def prepare_environment() -> None:
         os.environ.setdefault("STARVEWATCH_FRAME_ANCESTORS", COLAB_FRAME_ANCESTORS)
 
 
-def _colab_proxy(colab, port: int) -> str | None:
+def _colab_proxy(port: int) -> str | None:
     """Colab serves a kernel port to the browser at a URL its frontend gives (as %tensorboard)."""
     try:
         from google.colab import output  # noqa: PLC0415 (only present in Colab)

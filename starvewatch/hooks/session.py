@@ -216,12 +216,13 @@ class Session:
             it._capacity = 0
             it._gpu = None
 
-    def settle_open_steps(self, thread_id: int) -> None:
+    def settle_open_steps(self, thread_id: int, end_ns: int) -> None:
         """At the end of a notebook cell (on the thread that runs cells): the open step of each
-        of that thread's epochs ends now. An epoch ended by an exception (KeyboardInterrupt)
-        stays alive in the traceback, and one iterated with next() goes on in a later cell:
-        the time until then is the user reading, not compute. The epoch itself goes on."""
-        now = perf_counter_ns()
+        of that thread's epochs ends at `end_ns` (the cell's end, or when its exception reached
+        the shell). An epoch ended by an exception (KeyboardInterrupt) stays alive in the
+        traceback, and one iterated with next() goes on in a later cell: the time until then is
+        the user reading, not compute. The epoch itself goes on."""
+        now = end_ns
         for it in list(self.live_iterators):
             if it._thread_id != thread_id or it._ended:
                 continue
@@ -334,7 +335,7 @@ def _changed_settings(old: dict, new: dict) -> str:
     return ", ".join(changed[:4]) + (", ..." if len(changed) > 4 else "")
 
 
-def _loader_name(session: Session, name, loader, shell) -> str:
+def _loader_name(session: Session, name, shell) -> str:
     """The name given, or the one this call site got before (a re-run notebook cell), or the
     next default name."""
     if name is not None:
@@ -378,7 +379,7 @@ def watch(loader, name: str | None = None):
     from .notebook import kernel_shell
     shell = kernel_shell()
     with _LOCK:
-        name = _loader_name(session, name, loader, shell)
+        name = _loader_name(session, name, shell)
         if is_torch_dataloader(loader):
             config = dataloader_config(loader)
             state = session.loaders.get(name)
