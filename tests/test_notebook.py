@@ -370,14 +370,25 @@ def test_idle_run_ends_and_a_later_watch_starts_a_new_one(kernel, served):
     wait_until(lambda: [r for r in runs_named(served, "idle") if r["id"] == first["id"]
                         and r["status"] == "finished"], what="the idle run finished")
     second = kernel.value("""
-        for batch in sw.watch([1, 2, 3], "train"):
+        OLD = sw.watch([1, 2, 3], "train")
+        for batch in OLD:
+            pass
+        print(json.dumps(run_info()))
+    """)
+    assert second["active"] is True and second["name"] == "idle" and second["id"] != first["id"]
+    wait_until(lambda: [r for r in runs_named(served, "idle") if r["id"] == second["id"]
+                        and r["status"] == "finished"], what="the second run's idle end")
+    # A loader of an ended run, iterated again without watch(): a new run, which ends alike.
+    third = kernel.value("""
+        for batch in OLD:
             pass
         print(json.dumps(run_info()))
         del os.environ["STARVEWATCH_NOTEBOOK_IDLE_S"]
     """)
-    assert second["active"] is True and second["name"] == "idle" and second["id"] != first["id"]
-    kernel.value("sw.finish(); print(1)")
-    runs = wait_until(lambda: [r for r in runs_named(served, "idle") if r["status"] == "finished"][1:]
-                      and runs_named(served, "idle"), what="both idle runs stored")
+    assert third["active"] is True and third["name"] == "idle" and third["id"] not in (first["id"], second["id"])
+    wait_until(lambda: [r for r in runs_named(served, "idle") if r["id"] == third["id"]
+                        and r["status"] == "finished"], what="the third run's idle end")
+    runs = runs_named(served, "idle")
+    assert [r["id"] for r in runs] == [first["id"], second["id"], third["id"]]
     steps = [stored_summary(served, r["id"])["loaders"][0]["steps"] for r in runs]
-    assert steps == [3, 3]
+    assert steps == [3, 3, 3]

@@ -299,6 +299,10 @@ def init(name: str | None = None, *, url: str | None = None, dir=None, transport
         _register_atexit()
         from .samplers import start_samplers
         start_samplers(_SESSION)
+        from .notebook import kernel_shell
+        shell = kernel_shell()
+        if shell is not None:  # also a run restarted by iterating a loader of an ended run
+            _in_kernel(shell, _SESSION)
         return _SESSION
 
 
