@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import textwrap
-import time
 import urllib.parse
 from pathlib import Path
 
