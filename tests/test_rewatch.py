@@ -1,6 +1,9 @@
 """A new loader watched under a name already used: other settings start a new run of the same
 name, the same settings go on in the run (in a script as in a notebook); and the parts of the
 notebook support that need no kernel."""
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -121,3 +124,11 @@ def test_run_page_url(monkeypatch, url, template, expected):
         monkeypatch.setenv("STARVEWATCH_PROXY_URL", template)
     settings = HookSettings.from_env(url=url)
     assert notebook.run_page_url(settings, "r-1") == expected
+
+
+def test_a_script_never_imports_the_notebook_module(tmp_path):
+    code = ("import sys, starvewatch; list(starvewatch.watch([1, 2, 3])); starvewatch.finish(); "
+            "print('starvewatch.hooks.notebook' in sys.modules, 'IPython' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=tmp_path, timeout=120)  # the environment of the fixture: spool only
+    assert out.stdout.split()[-2:] == ["False", "False"]

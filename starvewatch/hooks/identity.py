@@ -33,10 +33,11 @@ def default_run_name() -> str:
 
 def notebook_default_name() -> str | None:
     """In a Jupyter kernel, the notebook's name (or `notebook`): never `ipykernel_launcher`."""
-    from .notebook import kernel_shell, notebook_run_name
-    shell = kernel_shell()
-    if shell is not None:
-        return safe_name(notebook_run_name(shell))
+    if "IPython" in sys.modules:  # (a script never imports hooks/notebook.py)
+        from .notebook import kernel_shell, notebook_run_name
+        shell = kernel_shell()
+        if shell is not None:
+            return safe_name(notebook_run_name(shell))
     launcher = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else ""
     return "notebook" if launcher == "ipykernel_launcher" else None
 

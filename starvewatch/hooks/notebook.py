@@ -6,7 +6,6 @@ loaded (`sys.modules`), so a script pays nothing and behaves as before.
 """
 from __future__ import annotations
 
-import html
 import linecache
 import logging
 import os
@@ -272,6 +271,7 @@ def run_page_html(url: str, height_px: int = 640) -> str:
     shows a dead frame, the link still says where the run was. A small script reloads the
     frame once the collector answers (an auto-started one takes a few seconds): a `no-cors`
     fetch fails while nothing listens and succeeds (opaque) once something does."""
+    import html
     src = html.escape(url, quote=True)
     frame_id = f"starvewatch-{secrets.token_hex(6)}"
     return (f'<div class="starvewatch-live"><a href="{src}" target="_blank" rel="noopener">'
@@ -314,6 +314,7 @@ class SummaryReport(dict):
 
 
 def summary_html(summary: dict) -> str:
+    import html
     e = html.escape
     run, verdict = summary.get("run", {}), summary.get("verdict", {})
     rows = "".join(

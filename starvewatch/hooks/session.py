@@ -299,8 +299,7 @@ def init(name: str | None = None, *, url: str | None = None, dir=None, transport
         _register_atexit()
         from .samplers import start_samplers
         start_samplers(_SESSION)
-        from .notebook import kernel_shell
-        shell = kernel_shell()
+        shell = _kernel_shell()
         if shell is not None:  # also a run restarted by iterating a loader of an ended run
             _in_kernel(shell, _SESSION)
         return _SESSION
@@ -380,8 +379,7 @@ def watch(loader, name: str | None = None):
     session = ensure_session()
     if session is None:  # STARVEWATCH_DISABLED=1: a pass-through, no threads
         return loader
-    from .notebook import kernel_shell
-    shell = kernel_shell()
+    shell = _kernel_shell()
     with _LOCK:
         name = _loader_name(session, name, shell)
         if is_torch_dataloader(loader):
@@ -422,6 +420,14 @@ def _rewatched(session: Session, state: LoaderState, config: dict):
     return ensure_session(), None
 
 
+def _kernel_shell():
+    """The Jupyter kernel's shell, or None; a script never imports hooks/notebook.py."""
+    if "IPython" not in sys.modules:
+        return None
+    from .notebook import kernel_shell
+    return kernel_shell()
+
+
 def _in_kernel(shell, session: Session) -> None:
     """In a Jupyter kernel: the cell events, the idle end, the live page inline. Never raises:
     a display that fails must not stop the cell."""
@@ -460,9 +466,9 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         if session.sidecar is not None:
             session.sidecar.close()
         summary = session.summary()
-        from .notebook import SummaryReport, kernel_shell
-        in_kernel = kernel_shell() is not None
+        in_kernel = _kernel_shell() is not None
         if in_kernel:  # shown as HTML when it is a cell's value (hooks/notebook.py)
+            from .notebook import SummaryReport
             summary = SummaryReport(summary)
         _LAST_SUMMARY = summary
     if not in_kernel and not (session.settings.quiet if quiet is None else quiet):
