@@ -132,3 +132,40 @@ def test_a_script_never_imports_the_notebook_module(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=tmp_path, timeout=120)  # the environment of the fixture: spool only
     assert out.stdout.split()[-2:] == ["False", "False"]
+
+
+@pytest.mark.parametrize("with_gpu", [False, True])
+def test_settled_steps_end_at_the_cell_end_on_every_path(monkeypatch, memory_run, with_gpu):
+    """What the notebook's post_run_cell does, on the fast path, the general one and the fast
+    path of a CUDA run (sampled events): the open step ends at the given time, the time after
+    it (the user between cells) is no step's compute, and the loop goes on unchanged."""
+    import threading
+    import time
+    from time import perf_counter_ns
+
+    from starvewatch.hooks import cuda
+    from tests.conftest import shipped_column
+    from tests.test_measurement import FakeGpu
+    session, transport = memory_run
+    if with_gpu:
+        session.settings.gpu_event_every = 1000  # after the first step, gaps of up to 1999 steps
+        monkeypatch.setattr(cuda, "detect_event_factory", lambda: FakeGpu().event)
+    iterator = iter(starvewatch.watch(list(range(40)), "nb"))
+    got, idle_s, settled_on = [], 0.3, set()
+    for i, batch in enumerate(iterator):
+        got.append(batch)
+        fast = type(iterator).__name__ == ("FastGpuWatchedIterator" if with_gpu else "FastWatchedIterator")
+        # The cell ends here (once on the fast path, once wherever step 20 is); the next one
+        # starts after `idle_s`.
+        if (i >= 5 and fast and not settled_on) or i == 20:
+            settled_on.add(type(iterator).__name__)
+            session.settle_open_steps(threading.get_ident(), perf_counter_ns())
+            time.sleep(idle_s)  # the user reading (the scenario, not a synchronisation)
+    assert got == list(range(40))
+    assert ("FastGpuWatchedIterator" if with_gpu else "FastWatchedIterator") in settled_on
+    summary = starvewatch.finish()
+    assert summary["loaders"][0]["steps"] == 40
+    computes = shipped_column(transport, "compute_ns", "nb")
+    assert len(computes) == 40 and max(computes) < idle_s * 1e9 / 3, max(computes)
+    waits = shipped_column(transport, "wait_ns", "nb")
+    assert max(waits) < idle_s * 1e9 / 3  # nor wait: the next step starts at the next next()
