@@ -22,10 +22,24 @@ def default_run_name() -> str:
     env = os.environ.get("STARVEWATCH_RUN_NAME")
     if env:
         return safe_name(env)
+    notebook = notebook_default_name()
+    if notebook is not None:
+        return notebook
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv and sys.argv[0] else "")
     stem = Path(path).stem if path else ""
     return stem or "run"
+
+
+def notebook_default_name() -> str | None:
+    """In a Jupyter kernel, the notebook's name (or `notebook`): never `ipykernel_launcher`."""
+    if "IPython" in sys.modules:  # (a script never imports hooks/notebook.py)
+        from .notebook import kernel_shell, notebook_run_name
+        shell = kernel_shell()
+        if shell is not None:
+            return safe_name(notebook_run_name(shell))
+    launcher = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else ""
+    return "notebook" if launcher == "ipykernel_launcher" else None
 
 
 def rank_info() -> dict:

@@ -13,6 +13,7 @@ import functools
 import weakref
 from time import perf_counter_ns as _now
 from time import thread_time_ns
+from threading import get_ident as _thread_ident
 
 from .introspect import leading_dim
 # The records appended below are laid out as record_layout.py says (FAST_RECORD_LEN from the
@@ -40,7 +41,7 @@ class WatchedIterator:
                  "_step_used", "_in_step", "_phases", "_bs", "_first", "_probe_bs", "_startup",
                  "_parent", "_parent_step", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
                  "_cpu_probe", "_times", "_segment", "_reads_left", "_last_segment", "_t_wait",
-                 "__weakref__")
+                 "_thread_id", "__weakref__")
 
     def __init__(self, inner, state, t_iter_call: int, t_iter_ret: int) -> None:
         self._it = inner
@@ -73,6 +74,7 @@ class WatchedIterator:
         self._reads_left = 0  # how long that list may grow: the buffer's room, in clock reads
         self._last_segment = None  # the one before, until the shipper has taken all of it
         self._t_wait = 0  # when the general path's next() began, while it runs (else 0)
+        self._thread_id = _thread_ident()  # a notebook closes steps only of the cells' thread
         parent = ACTIVE[-1]() if ACTIVE else None
         if parent is not None and parent._open:
             self._parent, self._parent_step = parent._wref, parent.current_step()

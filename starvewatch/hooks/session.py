@@ -34,6 +34,9 @@ _LOCK = threading.RLock()
 _SESSION: "Session | None" = None
 _LAST_SUMMARY: dict | None = None
 _ATEXIT_REGISTERED = False
+# A run ended on its own (a notebook's idle end, a loader re-watched with other settings): the
+# next run started by watch() keeps its name, settings and transport.
+_RESUME: tuple | None = None
 FINISH_GRACE_S = 15.0  # how much longer finish() waits for a final cycle slowed by the machine
 
 
@@ -77,10 +80,15 @@ class LoaderState:
 
 
 class Session:
-    def __init__(self, name: str, settings: HookSettings, transport=None) -> None:
+    def __init__(self, name: str, settings: HookSettings, transport=None, after_run_id: str | None = None) -> None:
         self.name = safe_name(name)
         self.settings = settings
         self.run_id = run_id_for(name)
+        if after_run_id is not None and (self.run_id == after_run_id
+                                         or after_run_id.startswith(self.run_id + "-r")):
+            # A distributed job's id is derived from the job: every rank starts the next run
+            # at the same point, so every rank derives the same new id from the previous one.
+            self.run_id = _next_run_id(after_run_id)
         ranks = rank_info()
         self.rank, self.world_size, self.local_rank = ranks["rank"], ranks["world_size"], ranks["local_rank"]
         self.pid = os.getpid()
@@ -102,6 +110,8 @@ class Session:
         self._gpu_timer = None
         self._meta: dict | None = None
         self.dashboard_url: str | None = None
+        self.shown_inline = False  # a notebook showed this run's live page (hooks/notebook.py)
+        self.idle_ender = None  # a notebook's idle end (hooks/notebook.py)
         self.spool_dir = settings.dir / "spool" / self.run_id / self.stream_id
         # Stack dumps of hung workers (hooks/stacks.py), under the run's directory.
         self.stack_dir = settings.dir / "stacks" / self.run_id / self.stream_id
@@ -206,6 +216,22 @@ class Session:
             it._capacity = 0
             it._gpu = None
 
+    def settle_open_steps(self, thread_id: int, end_ns: int) -> None:
+        """At the end of a notebook cell (on the thread that runs cells): the open step of each
+        of that thread's epochs ends at `end_ns` (the cell's end, or when its exception reached
+        the shell). An epoch ended by an exception (KeyboardInterrupt) stays alive in the
+        traceback, and one iterated with next() goes on in a later cell: the time until then is
+        the user reading, not compute. The epoch itself goes on."""
+        now = end_ns
+        for it in list(self.live_iterators):
+            if it._thread_id != thread_id or it._ended:
+                continue
+            if it._segment is not None:
+                it._leave_fast()
+            if it._open:
+                it._close_step(now)
+            it.__class__ = WatchedIterator  # the next batch starts a step without closing one
+
     def summary(self) -> dict:
         from ..monitor.analysis import LoaderData, summarize
         book = self.shipper.book()
@@ -238,6 +264,13 @@ def _loader_in_current_run(name: str) -> LoaderState | None:
 set_loader_lookup(_loader_in_current_run)
 
 
+def _next_run_id(run_id: str) -> str:
+    stem, _, seq = run_id.rpartition("-r")
+    if stem and seq.isdigit():
+        return safe_id(f"{stem}-r{int(seq) + 1}")
+    return safe_id(f"{run_id}-r2")
+
+
 def _register_atexit() -> None:
     global _ATEXIT_REGISTERED
     if not _ATEXIT_REGISTERED:
@@ -247,18 +280,81 @@ def _register_atexit() -> None:
 
 def init(name: str | None = None, *, url: str | None = None, dir=None, transport=None) -> Session | None:
     """Start (or return) this process's run. Optional: the first `watch()` calls it."""
-    global _SESSION
+    global _SESSION, _RESUME
     with _LOCK:
         if _SESSION is not None and _SESSION.active:
             return _SESSION
-        settings = HookSettings.from_env(url=url, dir=dir)
+        resume, after = _RESUME, None
+        if resume is not None and name is None and url is None and dir is None and transport is None:
+            name, settings, transport, after = resume
+            _RESUME = None
+        else:
+            settings = HookSettings.from_env(url=url, dir=dir)
         if settings.disabled:
             return None
-        _SESSION = Session(name or default_run_name(), settings, transport)
+        if "google.colab" in sys.modules:  # before the sidecar may start a collector
+            from .notebook import prepare_environment
+            prepare_environment()
+        _SESSION = Session(name or default_run_name(), settings, transport, after_run_id=after)
         _register_atexit()
         from .samplers import start_samplers
         start_samplers(_SESSION)
+        shell = _kernel_shell()
+        if shell is not None:  # also a run restarted by iterating a loader of an ended run
+            _in_kernel(shell, _SESSION)
         return _SESSION
+
+
+def _end_for_next_run(session: Session, quiet: bool = True) -> None:
+    """End the run; the next one started by watch() keeps its name, settings and transport."""
+    global _RESUME
+    finish(quiet=quiet)
+    transport = None if session.delivers_over_http else session.transport
+    _RESUME = (session.name, session.settings, transport, session.run_id)
+
+
+def end_idle_run(session: Session, idle_s: float) -> None:
+    """A notebook's run with no step and no cell for `idle_s` (hooks/notebook.py): finished."""
+    with _LOCK:
+        if _SESSION is session and session.active:
+            log.info("starvewatch: run %s finished after %.0f s idle", session.run_id, idle_s)
+            _end_for_next_run(session)
+
+
+# What tells one loader configuration from another: the DataLoader's settings. The dataset, its
+# length and the sampler are left out: integrations rebuild loaders for another evaluation set,
+# Lightning with a DistributedSampler, and those go on in the same run.
+_SETTING_KEYS = ("num_workers", "batch_size", "pin_memory", "persistent_workers", "prefetch_factor",
+                 "timeout", "drop_last", "multiprocessing_context", "in_order")
+
+
+def _settings_of(config: dict | None) -> dict:
+    return {k: config.get(k) for k in _SETTING_KEYS} if config else {}
+
+
+def _changed_settings(old: dict, new: dict) -> str:
+    old, new = _settings_of(old), _settings_of(new)
+    changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in _SETTING_KEYS if old.get(k) != new.get(k)]
+    return ", ".join(changed[:4]) + (", ..." if len(changed) > 4 else "")
+
+
+def _loader_name(session: Session, name, shell) -> str:
+    """The name given, or the one this call site got before (a re-run notebook cell), or the
+    next default name."""
+    if name is not None:
+        return safe_name(str(name), "loader")
+    key = None
+    if shell is not None:
+        from .notebook import name_for_site, unnamed_watch_key
+        key = unnamed_watch_key(sys._getframe(2))
+        earlier = name_for_site(key)
+        if earlier is not None:
+            return earlier
+    chosen = session.default_loader_name()
+    if key is not None:
+        from .notebook import remember_site
+        remember_site(key, chosen)
+    return chosen
 
 
 def ensure_session() -> Session | None:
@@ -283,30 +379,78 @@ def watch(loader, name: str | None = None):
     session = ensure_session()
     if session is None:  # STARVEWATCH_DISABLED=1: a pass-through, no threads
         return loader
+    shell = _kernel_shell()
     with _LOCK:
-        name = safe_name(str(name), "loader") if name is not None else session.default_loader_name()
+        name = _loader_name(session, name, shell)
         if is_torch_dataloader(loader):
+            config = dataloader_config(loader)
             state = session.loaders.get(name)
+            if state is not None and _settings_of(state.config) != _settings_of(config):
+                session, state = _rewatched(session, state, config)
+                if state is not None:  # the same state, with this loader's settings
+                    from .workers import attach
+                    state.board = attach(loader, str(session.stack_dir))
             if state is None:
-                state = session.add_loader(name, dataloader_config(loader), loader.batch_size, "DataLoader")
+                state = session.add_loader(name, config, loader.batch_size, "DataLoader")
                 from .workers import attach
                 state.board = attach(loader, str(session.stack_dir))
             loader.__class__ = watched_dataloader_class(type(loader), state)
-            return loader
-        state = session.loaders.get(name) or session.add_loader(name, None, None, type(loader).__name__)
-    cls = WatchedIteratorProxy if hasattr(loader, "__next__") else WatchedIterable
-    return cls(loader, state)
+            wrapped = loader
+        else:
+            state = session.loaders.get(name) or session.add_loader(name, None, None, type(loader).__name__)
+            cls = WatchedIteratorProxy if hasattr(loader, "__next__") else WatchedIterable
+            wrapped = cls(loader, state)
+    if shell is not None:
+        _in_kernel(shell, session)
+    return wrapped
+
+
+def _rewatched(session: Session, state: LoaderState, config: dict):
+    """A new loader watched under a name already used, with other settings: the same name in a
+    new run, so that the two settings compare run with run. Before its first epoch the loader
+    just takes the new settings (a cell re-run before training)."""
+    if state.totals.epochs == 0 and state.current is None:
+        state.config, state.fixed_batch_size = config, config.get("batch_size")
+        return session, state
+    if session.rank == 0 and not session.settings.quiet:
+        print(f"starvewatch: {state.name!r} watched again with other settings "
+              f"({_changed_settings(state.config, config)}): run {session.run_id} finished, "
+              f"a new run of {session.name!r} starts", file=sys.stderr, flush=True)
+    _end_for_next_run(session)
+    return ensure_session(), None
+
+
+def _kernel_shell():
+    """The Jupyter kernel's shell, or None; a script never imports hooks/notebook.py."""
+    if "IPython" not in sys.modules:
+        return None
+    from .notebook import kernel_shell
+    return kernel_shell()
+
+
+def _in_kernel(shell, session: Session) -> None:
+    """In a Jupyter kernel: the cell events, the idle end, the live page inline. Never raises:
+    a display that fails must not stop the cell."""
+    try:
+        from .notebook import install, show_run
+        install(shell, session, current_session, end_idle_run)
+        show_run(session)
+    except Exception as exc:
+        log.warning("starvewatch: notebook display failed: %s: %s", type(exc).__name__, exc)
 
 
 def finish(*, quiet: bool | None = None) -> dict | None:
     """Flush, stop the threads, end the run and return its summary (starvewatch.summary/1)."""
-    global _LAST_SUMMARY
+    global _LAST_SUMMARY, _RESUME
     with _LOCK, _child_exits_deferred():
         session = _SESSION
         if session is None or not session.active or session.pid != os.getpid():
-            return _LAST_SUMMARY
+            return _LAST_SUMMARY  # (after an idle end too: the next watch() still resumes)
+        _RESUME = None  # a run the user ends: the next one is named and set up afresh
         session.close_open_steps()
         session.active = False
+        if session.idle_ender is not None:
+            session.idle_ender.stopped.set()
         session.ended_at = time.time()
         for sampler in session.samplers:
             sampler.stop()
@@ -322,8 +466,12 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         if session.sidecar is not None:
             session.sidecar.close()
         summary = session.summary()
+        in_kernel = _kernel_shell() is not None
+        if in_kernel:  # shown as HTML when it is a cell's value (hooks/notebook.py)
+            from .notebook import SummaryReport
+            summary = SummaryReport(summary)
         _LAST_SUMMARY = summary
-    if not (session.settings.quiet if quiet is None else quiet):
+    if not in_kernel and not (session.settings.quiet if quiet is None else quiet):
         from .report import print_report
         print_report(summary, session, file=sys.stderr, previous_run_id=_previous_run(session, summary))
     return summary

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,24 @@ def _flag(name: str, default: bool) -> bool:
     if value is None:
         return default
     return value.strip().lower() not in {"0", "false", "no", "off", ""}
+
+
+def _notebook_idle_s(default: float = 600.0) -> float:
+    """STARVEWATCH_NOTEBOOK_IDLE_S: seconds, 0 or off for never; a typo keeps the default."""
+    raw = os.environ.get("STARVEWATCH_NOTEBOOK_IDLE_S")
+    if raw is None or not raw.strip():
+        return default
+    if raw.strip().lower() in {"0", "off", "never", "false", "no"}:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and value != float("inf")):
+        print(f"starvewatch: STARVEWATCH_NOTEBOOK_IDLE_S={raw!r} is not a number of seconds; "
+              f"using {default:g}", file=sys.stderr, flush=True)
+        return default
+    return value
 
 
 @dataclass
@@ -36,6 +55,7 @@ class HookSettings:
     quiet: bool = False
     gpu_event_every: int = 4      # CUDA events on one step in this many, on average (hooks/cuda.py)
     sidecar: bool = True          # system sampling in a separate process (see hooks/delivery/sidecar.py)
+    notebook_idle_s: float = 600.0  # a notebook's run ends after this long without a step or a cell
 
     @classmethod
     def from_env(cls, *, url: str | None = None, dir: str | os.PathLike | None = None) -> "HookSettings":
@@ -60,4 +80,5 @@ class HookSettings:
             stall_min_s=float(os.environ.get("STARVEWATCH_STALL_MIN_S", 10.0)),
             gpu_event_every=int(os.environ.get("STARVEWATCH_GPU_EVENT_EVERY", 4)),
             stall_median_factor=float(os.environ.get("STARVEWATCH_STALL_FACTOR", 20.0)),
+            notebook_idle_s=_notebook_idle_s(),
         )

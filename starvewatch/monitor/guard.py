@@ -26,6 +26,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import orjson
 
+from .framing import response_headers
+
 SERVICE = "starvewatch"
 TOKEN_COOKIE = "starvewatch_token"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -174,7 +176,8 @@ class Guard:
                 return  # the app caught our refusal and answers anyway: ours goes out instead
             if message["type"] == "http.response.start":
                 state["started"] = True
-                message = dict(message, headers=[*message.get("headers", []), *SECURITY_HEADERS])
+                message = dict(message, headers=[*message.get("headers", []),
+                                                 *response_headers(scope, SECURITY_HEADERS)])
             await send(message)
 
         try:
