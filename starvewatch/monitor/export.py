@@ -5,6 +5,7 @@ import csv
 import html
 import io
 import json
+import re
 
 from .findings import finding_line, stall_where
 from .diagnosis import joint_changes_note
@@ -13,13 +14,50 @@ CSV_COLUMNS = ("run", "rank", "loader", "epoch", "step", "start_ns", "wait_ms", 
                "gpu_idle_ms", "batch_size")
 
 
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#!|~&:.])")
+
+
+def csv_cell(value):
+    """A text cell a spreadsheet will not run: one starting with = + - @ tab or CR gets a
+    leading ' (OWASP's advice for CSV injection). Numbers are left as they are."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def md_text(value) -> str:
+    """A name or free text as Markdown text: every ASCII punctuation mark backslash-escaped (no
+    link, emphasis, HTML or table cell boundary can come from it), line breaks as spaces."""
+    text = " ".join(str(value).splitlines())
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+def md_code(value) -> str:
+    """Inline code that holds any text: fenced by more backticks than its longest run."""
+    text = " ".join(str(value).splitlines())
+    fence = "`" * (_longest_backtick_run(text) + 1)
+    return f"{fence} {text} {fence}" if "`" in text else f"`{text}`"
+
+
+def md_block(text: str, language: str = "text") -> list[str]:
+    """A fenced code block that no line of `text` can end: its fence is longer than any run of
+    backticks inside (and at least three)."""
+    fence = "`" * max(3, _longest_backtick_run(text) + 1)
+    return [f"{fence}{language}", text, fence]
+
+
+def _longest_backtick_run(text: str) -> int:
+    return max((len(run) for run in re.findall(r"`+", text)), default=0)
+
+
 def to_json(summary: dict) -> str:
     return json.dumps(summary, indent=2, sort_keys=False, default=str) + "\n"
 
 
 def _csv_row(run_id: str, s: dict) -> tuple:
     gpu = s.get("gpu_idle_ns")
-    return (run_id, s["rank"], s["loader"], s["epoch"], s["step"], s["start_ns"],
+    return (csv_cell(run_id), s["rank"], csv_cell(s["loader"]), s["epoch"], s["step"], s["start_ns"],
             s["wait_ns"] / 1e6, s["compute_ns"] / 1e6, s["other_ns"] / 1e6,
             "" if gpu is None else gpu / 1e6, "" if s.get("batch_size") is None else s["batch_size"])
 
@@ -42,7 +80,8 @@ def csv_chunks(run_id: str, row_batches):
     writer = csv.writer(buffer)
     writer.writerow(CSV_COLUMNS)
     for rows in row_batches:
-        writer.writerows((run_id, rank, loader, epoch, step, start, wait / 1e6, compute / 1e6, other / 1e6,
+        shown_run = csv_cell(run_id)
+        writer.writerows((shown_run, rank, csv_cell(loader), epoch, step, start, wait / 1e6, compute / 1e6, other / 1e6,
                           "" if gpu is None else gpu / 1e6, "" if size is None else size)
                          for rank, loader, epoch, step, start, wait, compute, other, size, gpu in rows)
         yield buffer.getvalue().encode()
@@ -77,8 +116,8 @@ def snippet(config: dict | None, recs: list[dict], loader: str) -> str | None:
 
 def to_markdown(summary: dict) -> str:
     run, verdict = summary["run"], summary["verdict"]
-    lines = [f"# starvewatch report: {run['name']}", "",
-             f"- run `{run['id']}` on {run.get('host') or 'unknown host'}, {run.get('status')}, "
+    lines = [f"# starvewatch report: {md_text(run['name'])}", "",
+             f"- run {md_code(run['id'])} on {md_text(run.get('host') or 'unknown host')}, {run.get('status')}, "
              f"started {run.get('started_at')}, ended {run.get('ended_at') or '—'}",
              f"- **input-bound: {verdict['input_bound']}**, input wait {_pct(verdict['input_wait_fraction'])}, "
              f"limiting factor: {verdict.get('limiting_factor') or 'n/a'}",
@@ -89,7 +128,7 @@ def to_markdown(summary: dict) -> str:
              "|---|---:|---:|---:|---|---|---:|---:|---:|---:|"]
     for l in summary["loaders"]:
         w = l["wait_ms"]
-        lines.append(f"| {l['name']} | {l['steps']} | {l['epochs']} | {_pct(l['input_wait_fraction'])} | {l['verdict']} | "
+        lines.append(f"| {md_text(l['name'])} | {l['steps']} | {l['epochs']} | {_pct(l['input_wait_fraction'])} | {l['verdict']} | "
                      f"{_num(w['p50'])} / {_num(w['p95'])} / {_num(w['p99'])} | {_num(l['compute_ms']['mean'])} | "
                      f"{_num(l['batches_per_s'], 1)} | {_num(l['samples_per_s'], 1)} | {l['dropped_records']} |")
     lines += ["", "## Recommendations", ""]
@@ -101,27 +140,27 @@ def to_markdown(summary: dict) -> str:
         gain += " (measured by starvewatch tune)" if r.get("measured") else ""
         risk = f" Protects against: {r['risk']}." if r.get("kind") == "protective" and r.get("risk") else ""
         label = " (protective)" if r.get("kind") == "protective" else ""
-        lines.append(f"{i}. **{r['loader']}**{label}: {what}{gain}. {r['reason']}.{risk}")
-        lines.append(f"   Evidence: `{json.dumps(r['evidence'], default=str)}`")
+        lines.append(f"{i}. **{md_text(r['loader'])}**{label}: {what}{gain}. {r['reason']}.{risk}")
+        lines.append(f"   Evidence: {md_code(json.dumps(r['evidence'], default=str))}")
     for l in summary["loaders"]:
         code = snippet(l.get("config"), summary["recommendations"], l["name"])
         if code:
-            lines += ["", f"```python\n{l['name']}_loader = {code}\n```"]
+            lines += ["", *md_block(f"{l['name']}_loader = {code}", "python")]
     if summary.get("stalls"):
         lines += ["", "## Stalls", ""]
         for s in summary["stalls"]:
-            lines.append(f"- {s['loader']}: waited {s['wait_s']:.1f} s for batch {s.get('step')} of epoch "
+            lines.append(f"- {md_text(s['loader'])}: waited {s['wait_s']:.1f} s for batch {s.get('step')} of epoch "
                          f"{s.get('epoch')} ({'ended' if s.get('ended_ns') else 'still going'})")
             where = stall_where(s)
             if where:
-                lines.append(f"  - {where}")
+                lines.append(f"  - {md_text(where)}")
             if s.get("stack"):
-                lines += ["", "```text", s["stack"].strip(), "```", ""]
+                lines += ["", *md_block(s["stack"].strip()), ""]
     if summary.get("findings"):
         lines += ["", "## Findings", ""]
         for f in summary["findings"]:
-            lines.append(f"- **{f['loader']}** {finding_line(f)}")
-            lines.append(f"  - Evidence: `{json.dumps(f.get('detail'), default=str)}`")
+            lines.append(f"- **{md_text(f['loader'])}** {finding_line(f)}")
+            lines.append(f"  - Evidence: {md_code(json.dumps(f.get('detail'), default=str))}")
             lines.append(f"  - Fix: {f.get('fix')}")
     if summary.get("verification"):
         lines += ["", "## Verify after change", "", compare_table(None, summary, summary["verification"])]
@@ -131,7 +170,7 @@ def to_markdown(summary: dict) -> str:
     lines += tuning_markdown(summary.get("tuning"))
     lines += ["", "## Loader configuration", ""]
     for l in summary["loaders"]:
-        lines.append(f"- {l['name']}: `{json.dumps(l.get('config'), default=str)}`")
+        lines.append(f"- {md_text(l['name'])}: {md_code(json.dumps(l.get('config'), default=str))}")
     return "\n".join(lines) + "\n"
 
 
@@ -170,12 +209,12 @@ def compare_table(before: dict | None, after: dict, verification: dict | None) -
     lines = []
     if before is not None:
         lines += ["| loader | metric | before | after | after/before |", "|---|---|---:|---:|---:|"]
-        lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in compare_rows(before, after)]
+        lines += [f"| {md_text(a)} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in compare_rows(before, after)]
     if verification:
         lines += ["", "| loader | change | applied | expected | measured (95% interval) | verdict |",
                   "|---|---|---|---:|---:|---|"]
         for r in verification["results"]:
-            lines.append(f"| {r['loader']} | {r['parameter']}={r['suggested']!r} | {'yes' if r['applied'] else 'no'} | "
+            lines.append(f"| {md_text(r['loader'])} | {r['parameter']}={r['suggested']!r} | {'yes' if r['applied'] else 'no'} | "
                          f"{_num(r.get('judged_against') or r['expected_speedup'])}x | {measured_with_interval(r)} | {r['status']} |")
         notes = joint_changes_note(verification)
         if notes:
@@ -185,17 +224,18 @@ def compare_table(before: dict | None, after: dict, verification: dict | None) -
 
 def _md_to_html(text: str) -> str:
     """Just enough Markdown for our own report (headings, lists, tables, code)."""
-    out, in_table, in_code = [], False, False
+    out, in_table, fence = [], False, ""
     for line in text.splitlines():
-        if line.startswith("```"):
-            out.append("</pre>" if in_code else "<pre>")
-            in_code = not in_code
+        opening = re.match(r"^`{3,}", line)
+        if (not fence and opening) or (fence and line == fence):
+            out.append("</pre>" if fence else "<pre>")
+            fence = "" if fence else opening.group(0)
             continue
-        if in_code:
+        if fence:
             out.append(html.escape(line))
             continue
         if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|"))]
             if all(set(c) <= set("-:") for c in cells):
                 continue
             tag = "th" if not in_table else "td"
@@ -220,10 +260,18 @@ def _md_to_html(text: str) -> str:
 
 
 def _inline(text: str) -> str:
-    import re
+    """Code spans (any backtick fence), backslash escapes and **bold**; everything else as text."""
+    held: list[str] = []
+
+    def hold(markup: str) -> str:
+        held.append(markup)
+        return f"\0{len(held) - 1}\0"
+
+    text = re.sub(r"(`+) ?(.+?) ?\1(?!`)", lambda m: hold(f"<code>{html.escape(m.group(2))}</code>"), text)
+    text = re.sub(r"\\([!-/:-@\[-`{-~])", lambda m: hold(html.escape(m.group(1))), text)
     text = html.escape(text)
     text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
-    return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+    return re.sub("\0(\\d+)\0", lambda m: held[int(m.group(1))], text)
 
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222;padding:0 1em}
