@@ -201,7 +201,7 @@ def test_token_is_required_on_every_route(collector, monkeypatch):
     conn = http.client.HTTPConnection("127.0.0.1", c.port, timeout=10)
     conn.request("GET", "/api/v1/runs?token=s3cret-token")
     resp = conn.getresponse()
-    assert resp.status == 303 and "starvewatch_token=" in resp.getheader("set-cookie")
+    assert resp.status == 303 and f"starvewatch_session_{c.port}=" in resp.getheader("set-cookie")
     conn.close()
     # The hooks send the token.
     monkeypatch.setenv("STARVEWATCH_URL", c.url)

@@ -85,7 +85,8 @@ class RemoteSource:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url
         self.description = f"the collector at {url}"
-        self.client = httpx.Client(base_url=url, headers=headers, timeout=60)
+        from ..tls import client_context
+        self.client = httpx.Client(base_url=url, headers=headers, timeout=60, verify=client_context())
 
     def _get(self, path: str, **params):
         import httpx

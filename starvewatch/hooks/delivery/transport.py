@@ -78,8 +78,12 @@ class HttpTransport:
 
     def _connection(self):
         if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=self.timeout_s)
+            if self._https:  # verified: the system's CAs or STARVEWATCH_CA_FILE (tls.py)
+                from ...tls import client_context
+                self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout_s,
+                                                         context=client_context())
+            else:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
         return self._conn
 
     def request(self, method: str, path: str, body: bytes | None = None,
