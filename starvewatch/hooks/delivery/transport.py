@@ -16,6 +16,7 @@ import urllib.parse
 from pathlib import Path
 
 from .account import SlowWatch, Warnings, drop_reason, rejected_dir
+from ...private_files import make_private_dirs, private_opener
 from ...spool_format import file_name, read_spool_file
 from .spool import Spool, _records_in
 
@@ -324,12 +325,13 @@ class Delivery:
         """An invalid batch: out of the replay loop, into `rejected/` (for a bug report), counted."""
         target = Path(rejected_dir(self.spool.directory)) / file_name(payload["seq"])
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(target.parent)
             if spooled is not None:
                 self.spool.forget(spooled)
                 os.replace(spooled, target)
             else:
-                target.write_bytes(gzip.compress(body if body is not None else dumps(payload), compresslevel=1))
+                with open(target, "wb", opener=private_opener) as out:
+                    out.write(gzip.compress(body if body is not None else dumps(payload), compresslevel=1))
         except OSError:
             if spooled is not None:
                 self.spool.remove(spooled)
