@@ -209,6 +209,9 @@ def broken_batches(draw):
 
 
 BOMB = gzip.compress(b"[" + b" " * (33 * 1024 * 1024) + b"]", compresslevel=6)  # 33 MB of JSON in ~33 kB
+# Under both size limits, but 4 million values in a free-form field of a sample (issue 27).
+EXPANDING = gzip.compress(b'{"schema": "starvewatch.events/1", "run_id": "x", "stream": "x", "seq": 1, '
+                          b'"samples": [{"kind": "host", "junk": [' + b"{}," * 4_000_000 + b'{}]}]}', compresslevel=6)
 
 
 def encode(batch) -> bytes:
@@ -227,7 +230,8 @@ def wire(draw, batches):
     body = encode(draw(batches))
     headers = {"Content-Type": draw(st.sampled_from(["application/json"] * 8 + ["application/json; charset=utf-8",
                                                                                   "text/plain", ""]))}
-    how = draw(st.sampled_from(["plain"] * 4 + ["gzip"] * 3 + ["truncated", "bomb", "garbage-gzip", "bad-encoding"]))
+    how = draw(st.sampled_from(["plain"] * 4 + ["gzip"] * 3 + ["truncated", "bomb", "garbage-gzip", "bad-encoding",
+                                                                "expanding"]))
     if how == "gzip":
         body = gzip.compress(body, compresslevel=1)
     elif how == "truncated":
@@ -235,9 +239,11 @@ def wire(draw, batches):
         body = whole[:draw(st.integers(0, len(whole) - 1))]
     elif how == "bomb":
         body = BOMB
+    elif how == "expanding":
+        body = EXPANDING
     elif how == "garbage-gzip":
         body = draw(st.binary(max_size=64))
-    if how in ("gzip", "truncated", "bomb", "garbage-gzip"):
+    if how in ("gzip", "truncated", "bomb", "garbage-gzip", "expanding"):
         headers["Content-Encoding"] = "gzip"
     elif how == "bad-encoding":
         headers["Content-Encoding"] = draw(st.sampled_from(["br", "deflate", "x" * 50, "gzip, gzip"]))
@@ -282,6 +288,49 @@ def test_valid_batches_are_stored_and_readable(server, client, batch):
 def test_broken_batches_never_5xx_and_never_write_partially(server, client, request):
     body, headers = request
     ingest_and_check(server, client, body, headers, expect_valid=False)
+
+
+# Invisible characters (controls, bidi and zero-width format characters, line separators,
+# private use): cleaned on the way in, never a reason to refuse a run (issue 27).
+hidden_text = st.text(st.characters(categories=["Cc", "Cf", "Zl", "Zp", "Co"]), min_size=1, max_size=5)
+
+
+@FUZZ
+@given(batch=valid_batches(), noise=hidden_text)
+def test_invisible_characters_in_names_are_cleaned_never_refused(server, client, batch, noise):
+    from starvewatch.ids import HIDDEN_CATEGORIES
+    import unicodedata
+    batch["run"] = {"id": batch["run_id"], "name": f"a{noise}b{noise}"}
+    status, text = client.call("POST", "/api/v1/ingest", encode(batch), {"Content-Type": "application/json"})
+    assert status == 200, (status, text[:500])
+    status, text = client.call("GET", f"/api/v1/runs/{quote(batch['run_id'], safe='')}")
+    assert status == 200
+    shown = json.loads(text)["run"]["name"]
+    assert not any(unicodedata.category(c) in HIDDEN_CATEGORIES for c in shown), repr(shown)
+
+
+header_lines = st.one_of(
+    st.binary(max_size=80),
+    st.builds(lambda n, v: b"X-" + n + b": " + v, st.binary(min_size=1, max_size=10).filter(lambda b: b":" not in b),
+              st.sampled_from([b"a" * 70_000, b"b" * 10, b"\x00\xff", b"\r", b"c" * 300_000])))
+
+
+@FUZZ
+@given(lines=st.lists(header_lines, max_size=6), finish=st.booleans())
+def test_garbage_and_oversized_headers_never_5xx(server, client, lines, finish):
+    import socket
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        head = b"GET /api/v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(line + b"\r\n" for line in lines)
+        try:
+            sock.sendall(head + (b"\r\n" if finish else b""))
+            sock.shutdown(socket.SHUT_WR)
+            answer = sock.recv(64)
+        except (BrokenPipeError, ConnectionResetError):
+            answer = b""
+    if answer:
+        status = int(answer.split(b" ")[1])
+        assert status < 500, answer
+    assert server.healthy()
 
 
 def test_huge_integers_in_any_integer_field_are_refused_whole(server, client):
