@@ -8,6 +8,7 @@ import json
 import re
 
 from .findings import finding_line, stall_where
+from .markdown_text import md_block, md_code, md_text
 from .diagnosis import joint_changes_note
 
 CSV_COLUMNS = ("run", "rank", "loader", "epoch", "step", "start_ns", "wait_ms", "compute_ms", "other_ms",
@@ -15,7 +16,6 @@ CSV_COLUMNS = ("run", "rank", "loader", "epoch", "step", "start_ns", "wait_ms", 
 
 
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()<>#!|~&:.])")
 
 
 def csv_cell(value):
@@ -24,31 +24,6 @@ def csv_cell(value):
     if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
         return "'" + value
     return value
-
-
-def md_text(value) -> str:
-    """A name or free text as Markdown text: every ASCII punctuation mark backslash-escaped (no
-    link, emphasis, HTML or table cell boundary can come from it), line breaks as spaces."""
-    text = " ".join(str(value).splitlines())
-    return _MD_SPECIAL.sub(r"\\\1", text)
-
-
-def md_code(value) -> str:
-    """Inline code that holds any text: fenced by more backticks than its longest run."""
-    text = " ".join(str(value).splitlines())
-    fence = "`" * (_longest_backtick_run(text) + 1)
-    return f"{fence} {text} {fence}" if "`" in text else f"`{text}`"
-
-
-def md_block(text: str, language: str = "text") -> list[str]:
-    """A fenced code block that no line of `text` can end: its fence is longer than any run of
-    backticks inside (and at least three)."""
-    fence = "`" * max(3, _longest_backtick_run(text) + 1)
-    return [f"{fence}{language}", text, fence]
-
-
-def _longest_backtick_run(text: str) -> int:
-    return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
 def to_json(summary: dict) -> str:
