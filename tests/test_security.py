@@ -1,6 +1,7 @@
 """Loopback that stays loopback, and a token that guards every route: a real collector, raw
 HTTP (so the test sets Host and Origin itself) and a real WebSocket handshake."""
 import http.client
+import itertools
 import json
 import re
 
@@ -13,8 +14,10 @@ from tests.conftest import wait_until
 TOKEN = "s3cret-token-for-the-walk"
 
 
-def call(c, method, path, headers=None, body=None, host=None):
-    conn = http.client.HTTPConnection("127.0.0.1", c.port, timeout=30)
+def call(c, method, path, headers=None, body=None, host=None, source=None):
+    """One raw request; `source`: the loopback address it comes from (127.0.0.0/8 is all ours)."""
+    conn = http.client.HTTPConnection("127.0.0.1", c.port, timeout=30,
+                                      source_address=(source, 0) if source else None)
     try:
         conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
         conn.putheader("Host", host if host is not None else f"127.0.0.1:{c.port}")
@@ -132,6 +135,9 @@ def test_a_token_guards_every_route_the_dashboard_and_its_websocket(collector):
     assert len(routes) >= 20
     methods = {m for m, _, _ in routes}
     assert {"GET", "POST", "DELETE"} <= methods
+    # Each wrong guess from its own loopback address: guesses are slowed per client
+    # (tests/test_secrets.py), and this walk is about the gate, not the pace.
+    sources = (f"127.0.0.{n}" for n in itertools.cycle(range(2, 255)))
     for method, path, body in routes:
         headers = JSON if body is not None else {}
         for label, auth in (("none", {}), ("wrong", {"Authorization": "Bearer not-the-token"}),
@@ -139,7 +145,8 @@ def test_a_token_guards_every_route_the_dashboard_and_its_websocket(collector):
                             ("token as cookie", {"Cookie": f"starvewatch_session_{c.port}={TOKEN}"}),
                             ("wrong query", None)):
             target = path + ("&" if "?" in path else "?") + "token=nope" if auth is None else path
-            status, resp_headers, text = call(c, method, target, {**headers, **(auth or {})}, body)
+            status, resp_headers, text = call(c, method, target, {**headers, **(auth or {})}, body,
+                                              source=next(sources))
             assert status == 401, (label, method, path, status, text[:200])
             assert resp_headers.get("www-authenticate") == "Bearer"
         status, _, text = call(c, method, path, {**headers, "Authorization": f"Bearer {TOKEN}"}, body)
