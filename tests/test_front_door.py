@@ -76,6 +76,8 @@ def test_unfinished_giant_headers_from_8_connections_cost_little_memory_and_no_t
     assert max(sent) < 32 * 2**20
     assert grown < 32 * 2**20, f"the collector grew by {grown / 2**20:.1f} MiB"
     assert healthy_with_token(c)
+    log = (c.directory / f"collector-{c.port}.log").read_text()
+    assert log.count("Invalid HTTP request received") == 1  # the first of 8, then quiet for a minute
 
 
 def test_idle_half_header_keepalive_and_dripping_connections_are_closed_in_time(strict_collector):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -21,6 +22,38 @@ from ..logonce import RateLimitedLog
 
 log = logging.getLogger("starvewatch.collector")
 refusals = RateLimitedLog(log, interval_s=60.0)
+
+
+class _OncePerInterval(logging.Filter):
+    """uvicorn says "Invalid HTTP request received." for every refused request: a stranger could
+    fill the log with it. The first one passes, then at most one a minute with a count."""
+
+    def __init__(self, interval_s: float = 60.0) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self.last_s: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(("Invalid HTTP request", "Exceeded concurrency")):
+            return True
+        now = time.monotonic()
+        if now - self.last_s.get(message, -self.interval_s) < self.interval_s:
+            self.held[message] = self.held.get(message, 0) + 1
+            return False
+        self.last_s[message] = now
+        held = self.held.pop(message, 0)
+        if held:
+            record.msg, record.args = f"{message} ({held} more like this in the last minute)", ()
+        return True
+
+
+def quiet_refusals() -> None:
+    """Install the filter above on uvicorn's error logger (once)."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _OncePerInterval) for f in logger.filters):
+        logger.addFilter(_OncePerInterval())
 
 
 def bounded_protocol(settings) -> type:

@@ -19,7 +19,7 @@ def serve(settings: CollectorSettings, *, autostarted: bool = False) -> None:
 
     from .app import create_app
 
-    from .connections import bounded_protocol
+    from .connections import bounded_protocol, quiet_refusals
 
     settings.pid_file_autostarted = autostarted
     _log_to_stderr()
@@ -27,6 +27,7 @@ def serve(settings: CollectorSettings, *, autostarted: bool = False) -> None:
     # user's alone: training data and command lines are not for other users of the machine.
     os.umask(0o077)
     app = create_app(settings)
+    quiet_refusals()
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=5,
                             http=bounded_protocol(settings),
