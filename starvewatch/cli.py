@@ -8,7 +8,8 @@ EXAMPLES = """examples:
   starvewatch demo                 a starved training, diagnosed and fixed
   starvewatch demo --quick         the same in a few seconds
   starvewatch serve                the collector and dashboard on http://127.0.0.1:8412
-  starvewatch serve --host 0.0.0.0 --token SECRET
+  STARVEWATCH_TOKEN=... starvewatch serve --host 0.0.0.0
+  starvewatch serve --host 0.0.0.0 --token-file ~/.starvewatch-token --ssl-certfile c.pem --ssl-keyfile k.pem
   starvewatch stop                 stop the collector started for you
   starvewatch import /mnt/other/.starvewatch/spool
   starvewatch runs                 list runs (status, verdict, input wait, throughput)
@@ -25,6 +26,18 @@ exit codes: 0 ok, 1 error (unknown run, unreachable collector...), 2 usage, 3 do
 """
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_PROBLEMS = 0, 1, 2, 3
+
+
+def printable(text: str) -> str:
+    """Text for a terminal: every invisible character (ids.HIDDEN_CATEGORIES: escapes, bidi
+    overrides, line separators...) but the newline shown as a space, so a stored name can
+    neither move the cursor nor reorder or fake a line."""
+    import unicodedata
+
+    from .ids import HIDDEN_CATEGORIES
+    if text.isascii() and all(c == "\n" or c.isprintable() for c in text):
+        return text
+    return "".join(c if c == "\n" or unicodedata.category(c) not in HIDDEN_CATEGORIES else " " for c in text)
 
 
 def cmd_demo(args) -> int:
@@ -95,7 +108,7 @@ def cmd_runs(args, source) -> int:
         for r in runs:
             wait = "n/a" if r["input_wait_fraction"] is None else f"{100 * r['input_wait_fraction']:.1f}%"
             rate = "n/a" if not r["batches_per_s"] else f"{r['batches_per_s']:.1f}"
-            print(f"{r['id']:<40} {r['name'][:16]:<16} {r['status']:<9} {r['verdict']:<17} {wait:>6} {rate:>10} "
+            print(f"{r['id']:<40} {printable(r['name'])[:16]:<16} {r['status']:<9} {r['verdict']:<17} {wait:>6} {rate:>10} "
                   f"{r['duration_s']:>8.1f}s")
         return EXIT_OK
     if not args.run:
@@ -103,7 +116,7 @@ def cmd_runs(args, source) -> int:
     run_id = resolve_run(source, args.run)
     if action == "show":
         from .hooks.report import format_report
-        print(format_report(source.summary(run_id)))
+        print(printable(format_report(source.summary(run_id))))
         return EXIT_OK
     source.delete(run_id)
     print(f"deleted run {run_id}")
@@ -135,7 +148,7 @@ def cmd_compare(args, source) -> int:
             return fail(f"cannot write {args.output}: {exc.strerror or exc}")
         print(f"wrote {args.output}: {a} vs {b} as {args.format}", file=sys.stderr)
     else:
-        sys.stdout.write(text)
+        sys.stdout.write(printable(text) if args.format == "md" else text)
     return EXIT_OK
 
 
@@ -185,7 +198,11 @@ def cmd_serve(args) -> int:
                                  lost_after_s=args.lost_after,
                                  otlp_endpoint=args.otlp_endpoint,
                                  otlp_interval_s=args.otlp_interval, tensorboard_dir=args.tensorboard,
-                                 tensorboard_interval_s=args.tensorboard_interval)
+                                 tensorboard_interval_s=args.tensorboard_interval,
+                                 min_body_bytes_per_s=args.min_body_rate, header_timeout_s=args.header_timeout,
+                                 keep_alive_timeout_s=args.keep_alive_timeout,
+                                 max_header_bytes=args.max_header_bytes, max_connections=args.max_connections,
+                                 ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     try:  # an optional exporter asked for but not installed: say so before starting
         if args.otlp_endpoint:
             import starvewatch.monitor.otel  # noqa: F401
@@ -195,6 +212,19 @@ def cmd_serve(args) -> int:
         return fail(str(exc))
     if args.token:
         settings.token = args.token
+    if args.token_file:
+        try:
+            settings.token = open(args.token_file, encoding="utf-8").read().strip() or None
+        except (OSError, UnicodeDecodeError) as exc:
+            return fail(f"cannot read the token file {args.token_file}: {exc}", EXIT_USAGE)
+        if settings.token is None:
+            return fail(f"the token file {args.token_file} is empty", EXIT_USAGE)
+    generated = None
+    from .monitor.settings import is_loopback
+    if settings.token is None and not is_loopback(settings.host) and not args.autostarted:
+        import secrets
+        # As Jupyter does: a strong token made here and printed once (nowhere else).
+        generated = settings.token = secrets.token_urlsafe(24)
     try:
         settings.check()
     except ValueError as exc:
@@ -208,6 +238,10 @@ def cmd_serve(args) -> int:
     from .monitor.server import serve
     if not args.autostarted:
         print(f"starvewatch collector and dashboard on {settings.url} (db {settings.db_path})", flush=True)
+    if generated:
+        print(f"no token was given: this collector's token is {generated}\n"
+              f"  (shown once; give it to the hooks as STARVEWATCH_TOKEN, and open "
+              f"{settings.url}/?token=... in a browser once)", flush=True)
     serve(settings, autostarted=args.autostarted, ui=dashboard_ui(settings))
     return EXIT_OK
 
@@ -264,6 +298,26 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="starvewatch", description="Live GPU-starvation monitor for PyTorch training.",
@@ -283,7 +337,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8412, help="port (default 8412)")
     serve.add_argument("--db", help="SQLite file (default STARVEWATCH_DIR/starvewatch.db)")
     serve.add_argument("--dir", help="data directory (default STARVEWATCH_DIR or ~/.starvewatch)")
-    serve.add_argument("--token", help="require this token on every route (or STARVEWATCH_TOKEN)")
+    serve.add_argument("--token", help="require this token on every route; prefer STARVEWATCH_TOKEN or "
+                       "--token-file, as any user of the machine sees a command line (ps)")
+    serve.add_argument("--token-file", metavar="FILE", help="read the token from this file (its first line)")
+    serve.add_argument("--ssl-certfile", metavar="PEM", help="serve HTTPS with this certificate (chain)")
+    serve.add_argument("--ssl-keyfile", metavar="PEM", help="the certificate's private key")
+    serve.add_argument("--header-timeout", type=_positive_seconds, default=10.0, metavar="SECONDS",
+                       help="close a connection whose request headers take longer (default 10)")
+    serve.add_argument("--keep-alive-timeout", type=_positive_seconds, default=5.0, metavar="SECONDS",
+                       help="close an idle kept-alive connection after this long (default 5)")
+    serve.add_argument("--min-body-rate", type=_positive_number, default=1024.0, metavar="BYTES_PER_S",
+                       help="answer 408 to a body arriving slower than this, after --body-timeout "
+                            "(default 1024)")
+    serve.add_argument("--max-header-bytes", type=_positive_int, default=64 * 1024, metavar="BYTES",
+                       help="request line and headers together (default 65536)")
+    serve.add_argument("--max-connections", type=_positive_int, default=100, metavar="N",
+                       help="connections open at once; more are closed at once (default 100)")
     serve.add_argument("--idle-exit", type=float, default=0.0, metavar="SECONDS",
                        help="exit after this long with no live run (default: never)")
     serve.add_argument("--otlp-endpoint", metavar="URL", help="also send the metrics to this OTLP/HTTP endpoint "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 from urllib.parse import quote
 
 ID_MAX_CHARS = 128
@@ -59,11 +60,37 @@ def name_problem(value: object) -> str | None:
     return None
 
 
+# Unicode categories that are not visible text: controls (C0 and C1), format characters
+# (bidirectional overrides, zero-width joiners and spaces), line and paragraph separators,
+# private use and lone surrogates. Any of them can make a name show as another one, reorder a
+# terminal line, or break a table row.
+HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Co", "Cs"})
+
+
+def clean_name(value, default: str = ""):
+    """A name as text: every run of invisible characters (HIDDEN_CATEGORIES) becomes one space,
+    the ends are stripped; `default` when nothing is left. Letters of every script are kept.
+    Anything but a string is returned as it is (for the validator that refuses it)."""
+    if not isinstance(value, str):
+        return value
+    if value.isascii() and value.isprintable():
+        return value.strip() or default  # the common case, at C speed
+    out, gap = [], False
+    for char in value:
+        if unicodedata.category(char) in HIDDEN_CATEGORIES:
+            gap = True
+            continue
+        if gap and out:
+            out.append(" ")
+        gap = False
+        out.append(char)
+    return "".join(out).strip() or default
+
+
 def safe_name(value: str, default: str = "run") -> str:
-    """A valid name made from any string: control characters become spaces, at most 200
-    characters (a name the collector would refuse would cost the run its data)."""
-    text = re.sub(r"[\x00-\x1f\x7f]+", " ", str(value)).strip()[:NAME_MAX_CHARS]
-    text = text.encode("utf-8", "replace").decode("utf-8")  # lone surrogates are not text
+    """A valid name made from any string: invisible characters become spaces (clean_name), at
+    most 200 characters (a name the collector would refuse would cost the run its data)."""
+    text = clean_name(str(value))[:NAME_MAX_CHARS].strip()
     return text or default
 
 

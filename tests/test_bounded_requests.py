@@ -17,7 +17,10 @@ BODY_TIMEOUT_S = 2.0
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    c = Collector(tmp_path_factory.mktemp("bounded"), extra=["--body-timeout", str(BODY_TIMEOUT_S)]).start()
+    # A minimum body rate of 0.5 bytes/s: the slow client below (1 byte/s) stays above it, so
+    # what is under test here is the silence timer (the rate is tests/test_front_door.py's).
+    c = Collector(tmp_path_factory.mktemp("bounded"), extra=["--body-timeout", str(BODY_TIMEOUT_S),
+                                                             "--min-body-rate", "0.5"]).start()
     yield c
     c.stop()
 

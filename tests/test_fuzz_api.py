@@ -16,6 +16,7 @@ STARVEWATCH_FUZZ_EXAMPLES=N sets any other number.
 """
 import gzip
 import hashlib
+import itertools
 import http.client
 import json
 import math
@@ -209,6 +210,9 @@ def broken_batches(draw):
 
 
 BOMB = gzip.compress(b"[" + b" " * (33 * 1024 * 1024) + b"]", compresslevel=6)  # 33 MB of JSON in ~33 kB
+# Under both size limits, but 4 million values in a free-form field of a sample (issue 27).
+EXPANDING = gzip.compress(b'{"schema": "starvewatch.events/1", "run_id": "x", "stream": "x", "seq": 1, '
+                          b'"samples": [{"kind": "host", "junk": [' + b"{}," * 4_000_000 + b'{}]}]}', compresslevel=6)
 
 
 def encode(batch) -> bytes:
@@ -227,7 +231,8 @@ def wire(draw, batches):
     body = encode(draw(batches))
     headers = {"Content-Type": draw(st.sampled_from(["application/json"] * 8 + ["application/json; charset=utf-8",
                                                                                   "text/plain", ""]))}
-    how = draw(st.sampled_from(["plain"] * 4 + ["gzip"] * 3 + ["truncated", "bomb", "garbage-gzip", "bad-encoding"]))
+    how = draw(st.sampled_from(["plain"] * 4 + ["gzip"] * 3 + ["truncated", "bomb", "garbage-gzip", "bad-encoding",
+                                                                "expanding"]))
     if how == "gzip":
         body = gzip.compress(body, compresslevel=1)
     elif how == "truncated":
@@ -235,9 +240,11 @@ def wire(draw, batches):
         body = whole[:draw(st.integers(0, len(whole) - 1))]
     elif how == "bomb":
         body = BOMB
+    elif how == "expanding":
+        body = EXPANDING
     elif how == "garbage-gzip":
         body = draw(st.binary(max_size=64))
-    if how in ("gzip", "truncated", "bomb", "garbage-gzip"):
+    if how in ("gzip", "truncated", "bomb", "garbage-gzip", "expanding"):
         headers["Content-Encoding"] = "gzip"
     elif how == "bad-encoding":
         headers["Content-Encoding"] = draw(st.sampled_from(["br", "deflate", "x" * 50, "gzip, gzip"]))
@@ -282,6 +289,64 @@ def test_valid_batches_are_stored_and_readable(server, client, batch):
 def test_broken_batches_never_5xx_and_never_write_partially(server, client, request):
     body, headers = request
     ingest_and_check(server, client, body, headers, expect_valid=False)
+
+
+# Invisible characters (controls, bidi and zero-width format characters, line separators,
+# private use): cleaned on the way in, never a reason to refuse a run (issue 27).
+hidden_text = st.text(st.characters(categories=["Cc", "Cf", "Zl", "Zp", "Co"]), min_size=1, max_size=5)
+_fresh = itertools.count()
+
+
+@FUZZ
+@given(batch=valid_batches(), noise=hidden_text)
+def test_invisible_characters_in_names_are_cleaned_never_refused(server, client, batch, noise):
+    from starvewatch.ids import HIDDEN_CATEGORIES
+    import unicodedata
+    batch["run"] = {"id": batch["run_id"], "name": f"a{noise}b{noise}"}
+    batch["stream"] = f"invisible-{next(_fresh)}"  # never a replay: this batch is stored
+    status, text = client.call("POST", "/api/v1/ingest", encode(batch), {"Content-Type": "application/json"})
+    assert status == 200, (status, text[:500])
+    status, text = client.call("GET", f"/api/v1/runs/{quote(batch['run_id'], safe='')}")
+    assert status == 200
+    shown = json.loads(text)["run"]["name"]
+    assert not any(unicodedata.category(c) in HIDDEN_CATEGORIES for c in shown), repr(shown)
+
+
+# (name, value) of a header line; a value is bytes, or a length of filler (kept short in reports).
+header_lines = st.one_of(
+    st.tuples(st.just(b""), st.binary(max_size=80)),
+    st.tuples(st.binary(min_size=1, max_size=10).filter(lambda b: b":" not in b),
+              st.one_of(st.sampled_from([b"b" * 10, b"\x00\xff", b"\r", b""]),
+                        st.sampled_from([70_000, 300_000]))))
+
+
+def _header_line(name: bytes, value) -> bytes:
+    if not name:
+        return value  # a raw line, perhaps not a header at all
+    return b"X-" + name + b": " + (b"a" * value if isinstance(value, int) else value)
+
+
+@FUZZ
+@given(lines=st.lists(header_lines, max_size=6), finish=st.booleans())
+def test_garbage_and_oversized_headers_never_5xx(server, client, lines, finish):
+    import socket
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        head = b"GET /api/v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"".join(
+            _header_line(*line) + b"\r\n" for line in lines)
+        answer = b""
+        try:  # the server may answer 400 and close while the headers are still being sent
+            sock.sendall(head + (b"\r\n" if finish else b""))
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        try:
+            answer = sock.recv(64)
+        except OSError:  # reset: closed without an answer
+            pass
+    if answer:
+        status = int(answer.split(b" ")[1])
+        assert status < 500, answer
+    assert server.healthy()
 
 
 def test_huge_integers_in_any_integer_field_are_refused_whole(server, client):

@@ -1,6 +1,7 @@
 """Loopback that stays loopback, and a token that guards every route: a real collector, raw
 HTTP (so the test sets Host and Origin itself) and a real WebSocket handshake."""
 import http.client
+import itertools
 import json
 import re
 
@@ -13,8 +14,10 @@ from tests.conftest import wait_until
 TOKEN = "s3cret-token-for-the-walk"
 
 
-def call(c, method, path, headers=None, body=None, host=None):
-    conn = http.client.HTTPConnection("127.0.0.1", c.port, timeout=30)
+def call(c, method, path, headers=None, body=None, host=None, source=None):
+    """One raw request; `source`: the loopback address it comes from (127.0.0.0/8 is all ours)."""
+    conn = http.client.HTTPConnection("127.0.0.1", c.port, timeout=30,
+                                      source_address=(source, 0) if source else None)
     try:
         conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
         conn.putheader("Host", host if host is not None else f"127.0.0.1:{c.port}")
@@ -132,13 +135,18 @@ def test_a_token_guards_every_route_the_dashboard_and_its_websocket(collector):
     assert len(routes) >= 20
     methods = {m for m, _, _ in routes}
     assert {"GET", "POST", "DELETE"} <= methods
+    # Each wrong guess from its own loopback address: guesses are slowed per client
+    # (tests/test_secrets.py), and this walk is about the gate, not the pace.
+    sources = (f"127.0.0.{n}" for n in itertools.cycle(range(2, 255)))
     for method, path, body in routes:
         headers = JSON if body is not None else {}
         for label, auth in (("none", {}), ("wrong", {"Authorization": "Bearer not-the-token"}),
-                            ("wrong cookie", {"Cookie": "starvewatch_token=not-the-token"}),
+                            ("wrong cookie", {"Cookie": f"starvewatch_session_{c.port}=not-the-token"}),
+                            ("token as cookie", {"Cookie": f"starvewatch_session_{c.port}={TOKEN}"}),
                             ("wrong query", None)):
             target = path + ("&" if "?" in path else "?") + "token=nope" if auth is None else path
-            status, resp_headers, text = call(c, method, target, {**headers, **(auth or {})}, body)
+            status, resp_headers, text = call(c, method, target, {**headers, **(auth or {})}, body,
+                                              source=next(sources))
             assert status == 401, (label, method, path, status, text[:200])
             assert resp_headers.get("www-authenticate") == "Bearer"
         status, _, text = call(c, method, path, {**headers, "Authorization": f"Bearer {TOKEN}"}, body)
@@ -148,15 +156,16 @@ def test_a_token_guards_every_route_the_dashboard_and_its_websocket(collector):
     # The WebSocket callback endpoint: refused at the handshake without the right token.
     url = f"ws://127.0.0.1:{c.port}/_dash-ws-callback"
     origin = f"http://127.0.0.1:{c.port}"
-    for headers in ({}, {"Authorization": "Bearer nope"}, {"Cookie": "starvewatch_token=nope"}):
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Cookie": f"starvewatch_session_{c.port}=nope"},
+                    {"Cookie": f"starvewatch_session_{c.port}={TOKEN}"}):
         with pytest.raises(InvalidStatus) as refused:
             connect(url, additional_headers=headers, origin=origin, open_timeout=10).close()
         assert refused.value.response.status_code == 401
     with pytest.raises(InvalidStatus) as refused:
         connect(url + "?token=nope", origin=origin, open_timeout=10).close()
     assert refused.value.response.status_code == 401
-    with connect(url, additional_headers={"Cookie": f"starvewatch_token={TOKEN}"}, origin=origin,
-                 open_timeout=10) as ws:
+    session = call(c, "GET", f"/?token={TOKEN}")[1]["set-cookie"].split(";")[0]
+    with connect(url, additional_headers={"Cookie": session}, origin=origin, open_timeout=10) as ws:
         ws.ping().wait(10)  # the handshake was accepted and the connection is live
     # Another origin is refused even with the token (cross-site WebSocket hijacking).
     with pytest.raises(InvalidStatus) as refused:
@@ -172,7 +181,11 @@ def test_the_token_never_reaches_logs_urls_or_exports(collector):
     status, headers, _ = call(c, "GET", f"/runs/x?token={TOKEN}&a=1")
     assert status == 303 and headers["location"] == "/runs/x?a=1"
     cookie = headers["set-cookie"]
-    assert cookie.startswith(f"starvewatch_token={TOKEN}") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    # The cookie is named for this port (browsers send a host's cookies to all its ports) and
+    # holds a value derived from the token, never the token; it opens the pages it is for.
+    assert cookie.startswith(f"starvewatch_session_{c.port}=") and "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie and TOKEN not in cookie and "Secure" not in cookie  # plain HTTP
+    assert call(c, "GET", "/api/v1/runs", {"Cookie": cookie.split(";")[0]})[0] == 200
     status, headers, _ = call(c, "GET", f"//evil.example/?token={TOKEN}")
     assert status == 303 and headers["location"] == "/evil.example/"  # never another site
     assert call(c, "POST", "/api/v1/ingest", {**JSON, **auth}, batch("exported-run", name=f"n"))[0] == 200

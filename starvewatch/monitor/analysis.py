@@ -26,7 +26,10 @@ class LoaderData:
 def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    try:
+        return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    except (OverflowError, OSError, ValueError):  # a time past year 9999, as a hand-made batch may send
+        return None
 
 
 def _ms(ns: float | None) -> float | None:

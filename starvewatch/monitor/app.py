@@ -22,6 +22,7 @@ from ..logonce import RateLimitedLog
 from ..version import __version__
 from ..schema import EVENTS_SCHEMA, SUMMARY_SCHEMA
 from .guard import SERVICE, Guard
+from .json_bounds import json_values_problem
 from .metrics import make_registry, render
 from .models import EventBatch
 from .query import NotFound, Query
@@ -31,6 +32,9 @@ from .store import Store
 
 log = logging.getLogger("starvewatch.collector")
 sweep_errors = RateLimitedLog(log)
+# Every integer query parameter ends here: SQLite's integers are 64-bit, and a larger one is
+# the client's mistake (422), not the collector's OverflowError (500).
+INT64_MAX = 2**63 - 1
 
 
 class FastJSONResponse(Response):
@@ -75,9 +79,12 @@ async def read_json_body(request: Request, settings: CollectorSettings) -> bytes
                                      f"{settings.max_decompressed_bytes} bytes; split the batch")
         if not decoder.eof:
             raise HTTPException(400, "gzip body is truncated")
-        return out
-    if encoding not in ("identity", ""):
+        body = out
+    elif encoding not in ("identity", ""):
         raise HTTPException(415, f"unsupported Content-Encoding {encoding[:40]!r} (use gzip or none)")
+    problem = json_values_problem(body)  # before parsing: what parsing it may cost is bounded
+    if problem is not None:
+        raise HTTPException(413, problem)
     return body
 
 
@@ -126,7 +133,7 @@ def create_app(settings: CollectorSettings | None = None, *,
             store.close()
 
     app = FastAPI(title="starvewatch collector", version=__version__, lifespan=lifespan,
-                  docs_url="/api/docs", openapi_url="/api/openapi.json", redoc_url=None,
+                  docs_url=None, openapi_url="/api/openapi.json", redoc_url=None,
                   default_response_class=FastJSONResponse)
     app.state.settings = settings
     app.state.registry = make_registry(lambda: state.get("query"), settings)
@@ -134,6 +141,11 @@ def create_app(settings: CollectorSettings | None = None, *,
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound):
         return JSONResponse({"detail": str(exc)}, status_code=404)
+
+    @app.get("/api/docs", include_in_schema=False)
+    def api_docs():
+        from .api_docs import docs_page
+        return Response(docs_page(app.openapi()), media_type="text/html; charset=utf-8")
 
     @app.get("/healthz")
     async def healthz():
@@ -177,7 +189,7 @@ def create_app(settings: CollectorSettings | None = None, *,
         return {"deleted": run_id}
 
     @app.get("/api/v1/runs/{run_id}/summary")
-    def summary(run_id: str, rank: int | None = Q(None, ge=0)):
+    def summary(run_id: str, rank: int | None = Q(None, ge=0, le=INT64_MAX)):
         return FastJSONResponse(state["query"].summary(run_id, rank))
 
     @app.get("/api/v1/runs/{run_id}/stragglers")
@@ -186,17 +198,17 @@ def create_app(settings: CollectorSettings | None = None, *,
         return FastJSONResponse(state["query"].stragglers(run_id))
 
     @app.get("/api/v1/runs/{run_id}/steps")
-    def steps(run_id: str, after: int = Q(0, ge=0), limit: int = Q(10_000, ge=1, le=100_000),
+    def steps(run_id: str, after: int = Q(0, ge=0, le=INT64_MAX), limit: int = Q(10_000, ge=1, le=100_000),
               loader: str | None = None):
         return FastJSONResponse(state["query"].steps_page(run_id, after=after, limit=limit, loader=loader))
 
     @app.get("/api/v1/runs/{run_id}/series")
-    def series(run_id: str, loader: str | None = None, rank: int | None = Q(None, ge=0),
+    def series(run_id: str, loader: str | None = None, rank: int | None = Q(None, ge=0, le=INT64_MAX),
                points: int = Q(500, ge=1, le=10_000)):
         return FastJSONResponse(state["query"].rollup_series(run_id, loader=loader, rank=rank, points=points))
 
     @app.get("/api/v1/runs/{run_id}/steps/series")
-    def step_series(run_id: str, loader: str = "train", rank: int = Q(0, ge=0),
+    def step_series(run_id: str, loader: str = "train", rank: int = Q(0, ge=0, le=INT64_MAX),
                     points: int = Q(1000, ge=1, le=10_000)):
         return FastJSONResponse(state["query"].step_series(run_id, loader=loader, rank=rank, points=points))
 
@@ -210,7 +222,7 @@ def create_app(settings: CollectorSettings | None = None, *,
         return FastJSONResponse(state["query"].worker_memory(run_id))
 
     @app.get("/api/v1/runs/{run_id}/events/{kind}")
-    def events(run_id: str, kind: str, since_ns: int = Q(0, ge=0), limit: int = Q(5000, ge=1, le=50_000)):
+    def events(run_id: str, kind: str, since_ns: int = Q(0, ge=0, le=INT64_MAX), limit: int = Q(5000, ge=1, le=50_000)):
         if kind not in ("samples", "workers", "stalls"):
             raise HTTPException(404, f"unknown event kind {kind!r}: samples, workers or stalls")
         return FastJSONResponse({"events": state["query"].events(run_id, kind, since_ns=since_ns, limit=limit)})

@@ -5,12 +5,25 @@ import csv
 import html
 import io
 import json
+import re
 
 from .findings import finding_line, stall_where
+from .markdown_text import md_block, md_code, md_text
 from .diagnosis import joint_changes_note
 
 CSV_COLUMNS = ("run", "rank", "loader", "epoch", "step", "start_ns", "wait_ms", "compute_ms", "other_ms",
                "gpu_idle_ms", "batch_size")
+
+
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value):
+    """A text cell a spreadsheet will not run: one starting with = + - @ tab or CR gets a
+    leading ' (OWASP's advice for CSV injection). Numbers are left as they are."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def to_json(summary: dict) -> str:
@@ -19,7 +32,7 @@ def to_json(summary: dict) -> str:
 
 def _csv_row(run_id: str, s: dict) -> tuple:
     gpu = s.get("gpu_idle_ns")
-    return (run_id, s["rank"], s["loader"], s["epoch"], s["step"], s["start_ns"],
+    return (csv_cell(run_id), s["rank"], csv_cell(s["loader"]), s["epoch"], s["step"], s["start_ns"],
             s["wait_ns"] / 1e6, s["compute_ns"] / 1e6, s["other_ns"] / 1e6,
             "" if gpu is None else gpu / 1e6, "" if s.get("batch_size") is None else s["batch_size"])
 
@@ -42,7 +55,8 @@ def csv_chunks(run_id: str, row_batches):
     writer = csv.writer(buffer)
     writer.writerow(CSV_COLUMNS)
     for rows in row_batches:
-        writer.writerows((run_id, rank, loader, epoch, step, start, wait / 1e6, compute / 1e6, other / 1e6,
+        shown_run = csv_cell(run_id)
+        writer.writerows((shown_run, rank, csv_cell(loader), epoch, step, start, wait / 1e6, compute / 1e6, other / 1e6,
                           "" if gpu is None else gpu / 1e6, "" if size is None else size)
                          for rank, loader, epoch, step, start, wait, compute, other, size, gpu in rows)
         yield buffer.getvalue().encode()
@@ -77,8 +91,8 @@ def snippet(config: dict | None, recs: list[dict], loader: str) -> str | None:
 
 def to_markdown(summary: dict) -> str:
     run, verdict = summary["run"], summary["verdict"]
-    lines = [f"# starvewatch report: {run['name']}", "",
-             f"- run `{run['id']}` on {run.get('host') or 'unknown host'}, {run.get('status')}, "
+    lines = [f"# starvewatch report: {md_text(run['name'])}", "",
+             f"- run {md_code(run['id'])} on {md_text(run.get('host') or 'unknown host')}, {run.get('status')}, "
              f"started {run.get('started_at')}, ended {run.get('ended_at') or '—'}",
              f"- **input-bound: {verdict['input_bound']}**, input wait {_pct(verdict['input_wait_fraction'])}, "
              f"limiting factor: {verdict.get('limiting_factor') or 'n/a'}",
@@ -89,7 +103,7 @@ def to_markdown(summary: dict) -> str:
              "|---|---:|---:|---:|---|---|---:|---:|---:|---:|"]
     for l in summary["loaders"]:
         w = l["wait_ms"]
-        lines.append(f"| {l['name']} | {l['steps']} | {l['epochs']} | {_pct(l['input_wait_fraction'])} | {l['verdict']} | "
+        lines.append(f"| {md_text(l['name'])} | {l['steps']} | {l['epochs']} | {_pct(l['input_wait_fraction'])} | {l['verdict']} | "
                      f"{_num(w['p50'])} / {_num(w['p95'])} / {_num(w['p99'])} | {_num(l['compute_ms']['mean'])} | "
                      f"{_num(l['batches_per_s'], 1)} | {_num(l['samples_per_s'], 1)} | {l['dropped_records']} |")
     lines += ["", "## Recommendations", ""]
@@ -101,26 +115,26 @@ def to_markdown(summary: dict) -> str:
         gain += " (measured by starvewatch tune)" if r.get("measured") else ""
         risk = f" Protects against: {r['risk']}." if r.get("kind") == "protective" and r.get("risk") else ""
         label = " (protective)" if r.get("kind") == "protective" else ""
-        lines.append(f"{i}. **{r['loader']}**{label}: {what}{gain}. {r['reason']}.{risk}")
+        lines.append(f"{i}. **{md_text(r['loader'])}**{label}: {what}{gain}. {r['reason']}.{risk}")
         lines.append(f"   Evidence: {quantities_text(r.get('evidence'))}")
     for l in summary["loaders"]:
         code = snippet(l.get("config"), summary["recommendations"], l["name"])
         if code:
-            lines += ["", f"```python\n{l['name']}_loader = {code}\n```"]
+            lines += ["", *md_block(f"{l['name']}_loader = {code}", "python")]
     if summary.get("stalls"):
         lines += ["", "## Stalls", ""]
         for s in summary["stalls"]:
-            lines.append(f"- {s['loader']}: waited {s['wait_s']:.1f} s for batch {s.get('step')} of epoch "
+            lines.append(f"- {md_text(s['loader'])}: waited {s['wait_s']:.1f} s for batch {s.get('step')} of epoch "
                          f"{s.get('epoch')} ({'ended' if s.get('ended_ns') else 'still going'})")
             where = stall_where(s)
             if where:
-                lines.append(f"  - {where}")
+                lines.append(f"  - {md_text(where)}")
             if s.get("stack"):
-                lines += ["", "```text", s["stack"].strip(), "```", ""]
+                lines += ["", *md_block(s["stack"].strip()), ""]
     if summary.get("findings"):
         lines += ["", "## Findings", ""]
         for f in summary["findings"]:
-            lines.append(f"- **{f['loader']}** {finding_line(f)}")
+            lines.append(f"- **{md_text(f['loader'])}** {finding_line(f)}")
             lines.append(f"  - Evidence: {quantities_text(f.get('detail'))}")
             lines.append(f"  - Fix: {f.get('fix')}")
     if summary.get("verification"):
@@ -153,7 +167,7 @@ def config_table_lines(summary: dict) -> list[str]:
     for l in summary["loaders"]:
         config = l.get("config") or {}
         changes = {r["parameter"]: r for r in recs if r["loader"] == l["name"] and r.get("parameter")}
-        lines.append(f"### {_config_cell(l['name'])}")
+        lines.append(f"### {md_text(l['name'])}")
         if not config and not changes:
             lines += ["", "No configuration recorded (not a torch DataLoader).", ""]
             continue
@@ -163,11 +177,11 @@ def config_table_lines(summary: dict) -> list[str]:
             now = "(default)" if key not in config else value("", x) if isinstance(x, (dict, list, tuple)) else repr(x)
             rec = changes.get(key)
             if rec is None:
-                lines.append(f"| {_config_cell(key)} | `{_config_cell(now)}` | |")
+                lines.append(f"| {md_text(key)} | `{_config_cell(now)}` | |")
                 continue
             gain = " (protective)" if rec.get("kind") == "protective" else \
                 f" (expected {rec['expected_speedup']:.2f}x)" if rec.get("expected_speedup") else ""
-            lines.append(f"| **{_config_cell(key)}** | `{_config_cell(now)}` | **→ `{_config_cell(repr(rec['suggested']))}`**{gain} |")
+            lines.append(f"| **{md_text(key)}** | `{_config_cell(now)}` | **→ `{_config_cell(repr(rec['suggested']))}`**{gain} |")
         lines.append("")
     return lines
 
@@ -207,12 +221,12 @@ def compare_table(before: dict | None, after: dict, verification: dict | None) -
     lines = []
     if before is not None:
         lines += ["| loader | metric | before | after | after/before |", "|---|---|---:|---:|---:|"]
-        lines += [f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in compare_rows(before, after)]
+        lines += [f"| {md_text(a)} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in compare_rows(before, after)]
     if verification:
         lines += ["", "| loader | change | applied | expected | measured (95% interval) | verdict |",
                   "|---|---|---|---:|---:|---|"]
         for r in verification["results"]:
-            lines.append(f"| {r['loader']} | {r['parameter']}={r['suggested']!r} | {'yes' if r['applied'] else 'no'} | "
+            lines.append(f"| {md_text(r['loader'])} | {r['parameter']}={r['suggested']!r} | {'yes' if r['applied'] else 'no'} | "
                          f"{_num(r.get('judged_against') or r['expected_speedup'])}x | {measured_with_interval(r)} | {r['status']} |")
         notes = joint_changes_note(verification)
         if notes:
@@ -222,17 +236,18 @@ def compare_table(before: dict | None, after: dict, verification: dict | None) -
 
 def _md_to_html(text: str) -> str:
     """Just enough Markdown for our own report (headings, lists, tables, code)."""
-    out, in_table, in_code = [], False, False
+    out, in_table, fence = [], False, ""
     for line in text.splitlines():
-        if line.startswith("```"):
-            out.append("</pre>" if in_code else "<pre>")
-            in_code = not in_code
+        opening = re.match(r"^`{3,}", line)
+        if (not fence and opening) or (fence and line == fence):
+            out.append("</pre>" if fence else "<pre>")
+            fence = "" if fence else opening.group(0)
             continue
-        if in_code:
+        if fence:
             out.append(html.escape(line))
             continue
         if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|"))]
             if all(set(c) <= set("-:") for c in cells):
                 continue
             tag = "th" if not in_table else "td"
@@ -257,10 +272,18 @@ def _md_to_html(text: str) -> str:
 
 
 def _inline(text: str) -> str:
-    import re
+    """Code spans (any backtick fence), backslash escapes and **bold**; everything else as text."""
+    held: list[str] = []
+
+    def hold(markup: str) -> str:
+        held.append(markup)
+        return f"\0{len(held) - 1}\0"
+
+    text = re.sub(r"(`+) ?(.+?) ?\1(?!`)", lambda m: hold(f"<code>{html.escape(m.group(2))}</code>"), text)
+    text = re.sub(r"\\([!-/:-@\[-`{-~])", lambda m: hold(html.escape(m.group(1))), text)
     text = html.escape(text)
     text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
-    return re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+    return re.sub("\0(\\d+)\0", lambda m: held[int(m.group(1))], text)
 
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222;padding:0 1em}

@@ -13,8 +13,10 @@ LAYOUT = dict(template="plotly_white", margin=dict(l=50, r=20, t=70, b=40), heig
 
 
 def _text(title: str) -> str:
-    """Plotly reads a subset of HTML in titles: run and loader names are shown as text."""
-    return html.escape(title, quote=False)
+    """Plotly reads a subset of HTML (links, styled spans, line breaks) in every title, legend
+    entry, annotation and hover label: whatever carries a name goes through here, so a run,
+    loader or worker name is shown as the text it is."""
+    return html.escape(str(title), quote=False)
 
 
 def _empty(title: str, note: str = "no data yet") -> go.Figure:
@@ -144,14 +146,21 @@ def _worker_series(events: list[dict], field: str) -> dict[int, tuple[list, list
     return out
 
 
+def _worker_order(item) -> tuple:
+    """Numbered workers in order, then named ones (a mix must not fail to sort)."""
+    worker = item[0]
+    return (1, 0, str(worker)) if isinstance(worker, str) else (0, worker, "")
+
+
 def worker_load_over_time(events: list[dict], title: str = "Load time per batch, per worker") -> go.Figure:
     """Each worker's mean load time per batch in each sampling interval (the slow worker stands out)."""
     series = _worker_series(events, "load_ms_interval") or _worker_series(events, "load_ms_mean")
     if not series:
         return _empty(title, "no worker has loaded a batch yet")
-    fig = go.Figure(layout=dict(title=title, yaxis_title="ms per batch", **LAYOUT))
-    for worker, (xs, ys) in sorted(series.items()):
-        fig.add_trace(go.Scatter(x=xs, y=ys, name=f"worker {worker}", mode="lines+markers", marker=dict(size=4)))
+    fig = go.Figure(layout=dict(title=_text(title), yaxis_title="ms per batch", **LAYOUT))
+    for worker, (xs, ys) in sorted(series.items(), key=_worker_order):
+        fig.add_trace(go.Scatter(x=xs, y=ys, name=_text(f"worker {worker}"), mode="lines+markers",
+                                 marker=dict(size=4)))
     return fig
 
 
@@ -164,9 +173,10 @@ def worker_memory_over_time(events: list[dict], title: str = "Memory per worker"
     else:
         return None
     # From zero: a few hundred KiB of noise must not look like a leak.
-    fig = go.Figure(layout=dict(title=f"{title} ({name})", yaxis=dict(title="MiB", rangemode="tozero"), **LAYOUT))
-    for worker, (xs, ys) in sorted(series.items()):
-        fig.add_trace(go.Scatter(x=xs, y=[y / 2**20 for y in ys], name=f"worker {worker}", mode="lines"))
+    fig = go.Figure(layout=dict(title=_text(f"{title} ({name})"), yaxis=dict(title="MiB", rangemode="tozero"),
+                                **LAYOUT))
+    for worker, (xs, ys) in sorted(series.items(), key=_worker_order):
+        fig.add_trace(go.Scatter(x=xs, y=[y / 2**20 for y in ys], name=_text(f"worker {worker}"), mode="lines"))
     return fig
 
 

@@ -6,30 +6,47 @@ In order, for each request:
    that name in `Host`, and are refused.
 2. **Token** (when set): bearer header, the login cookie, or `?token=` once (a browser is
    redirected to the same address without it, with the cookie set). Every route, every method,
-   the Dash WebSocket too.
+   the Dash WebSocket too. The cookie never holds the token: it holds an HMAC of the token under
+   a server secret (session.py), and its name carries the port, since browsers send a host's
+   cookies to every port of it. Wrong tokens from one client are answered one at a time, each
+   after a delay that grows with that client's recent failures (guessing is slowed to a crawl).
 3. **Origin**: a browser request that changes state (any method but GET/HEAD/OPTIONS) or opens
    a WebSocket must come from this collector's own origin. CORS is never enabled.
 4. **Body size**: a `Content-Length` over the limit is answered 413 before a byte of the body
    is read; a body without one stops being read at the limit (413 again).
-5. **Body silence**: a client that stops sending mid-body gets 408 after `body_timeout_s`.
-   Each connection waits on its own; other clients are served meanwhile.
+5. **Body silence and drips**: a client that stops sending mid-body gets 408 after
+   `body_timeout_s`; one that keeps sending but slower than `min_body_bytes_per_s` (after a
+   grace of `body_timeout_s`) gets 408 too. Each connection waits on its own; other clients are
+   served meanwhile.
 
-Every response carries headers that forbid framing by other origins and content sniffing.
+Every response carries headers that forbid framing by other origins and content sniffing, the
+500 of an unexpected error included (answered here, logged in one line plus one traceback per
+kind of error). A client that disconnects mid-body costs one log line.
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
 import ipaddress
+import logging
+import time
+from collections import OrderedDict
 from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import orjson
 
 from .framing import response_headers
+from .session import session_value
 
+log = logging.getLogger("starvewatch.collector")
+_traced: set[str] = set()  # kinds of internal errors whose traceback was logged already
 SERVICE = "starvewatch"
-TOKEN_COOKIE = "starvewatch_token"
+COOKIE_PREFIX = "starvewatch_session_"
+FAILED_DELAY_STEP_S = 0.05     # each recent failure of a client adds this much to its next one
+FAILED_DELAY_MAX_S = 2.0
+FAILURES_FORGOTTEN_S = 600.0   # a client without failures for this long starts again from zero
+MAX_TRACKED_CLIENTS = 4096
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SECURITY_HEADERS = (
     (b"x-content-type-options", b"nosniff"),
@@ -70,12 +87,50 @@ def _header_text(value: str) -> str:
     return value.encode("latin-1").decode("utf-8", "surrogateescape")
 
 
+def cookie_name(port: int) -> str:
+    return f"{COOKIE_PREFIX}{port}"
+
+
+def _client_disconnected(exc: BaseException) -> bool:
+    """Starlette's ClientDisconnect, raised alone or inside an ExceptionGroup."""
+    from starlette.requests import ClientDisconnect
+    if isinstance(exc, ClientDisconnect):
+        return True
+    inner = getattr(exc, "exceptions", None)
+    return bool(inner) and all(_client_disconnected(e) for e in inner)
+
+
+class _Failures:
+    """Recent wrong tokens per client address: each next wrong answer waits longer, and one
+    client's guesses are answered one at a time (parallel connections gain nothing)."""
+
+    def __init__(self) -> None:
+        self.clients: OrderedDict[str, list] = OrderedDict()  # address -> [count, last_s, lock]
+
+    async def pause(self, client: str) -> None:
+        now = time.monotonic()
+        entry = self.clients.get(client)
+        if entry is None or now - entry[1] > FAILURES_FORGOTTEN_S:
+            entry = [0, now, asyncio.Lock()]
+        self.clients[client] = entry
+        self.clients.move_to_end(client)
+        while len(self.clients) > MAX_TRACKED_CLIENTS:
+            self.clients.popitem(last=False)
+        async with entry[2]:
+            entry[0] += 1
+            entry[1] = time.monotonic()
+            await asyncio.sleep(min(FAILED_DELAY_MAX_S, FAILED_DELAY_STEP_S * entry[0]))
+
+
 class Guard:
     def __init__(self, app, settings) -> None:
         self.app = app
         self.settings = settings
         self.token = settings.token.encode() if settings.token else None
         self.bound_host = host_name(settings.host) if settings.host else ""
+        self.cookie = cookie_name(settings.port)
+        self.session = session_value(settings) if settings.token else None
+        self.failures = _Failures()
 
     # ---- the checks --------------------------------------------------------------------------
     def _host_allowed(self, host_header: str | None) -> bool:
@@ -86,24 +141,27 @@ class Guard:
         host = host_name(host_header)
         return is_loopback_name(host) or host == self.bound_host
 
-    def _given_token(self, headers: dict, query: str) -> tuple[str | None, bool]:
+    def _given_token(self, headers: dict, query: str) -> tuple[str | None, str]:
         auth = headers.get("authorization", "")
         if auth[:7].lower() == "bearer ":
-            return _header_text(auth[7:].strip()), False
+            return _header_text(auth[7:].strip()), "header"
         cookies = SimpleCookie()
         try:
             cookies.load(headers.get("cookie", ""))
         except CookieError:  # a malformed Cookie header: no cookie
             cookies = SimpleCookie()
-        if TOKEN_COOKIE in cookies:
-            return _header_text(cookies[TOKEN_COOKIE].value), False
+        if self.cookie in cookies:
+            return _header_text(cookies[self.cookie].value), "cookie"
         for key, value in parse_qsl(query, keep_blank_values=True):
             if key == "token":
-                return value, True
-        return None, False
+                return value, "query"
+        return None, ""
 
-    def _token_ok(self, given: str | None) -> bool:
-        return given is not None and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token)
+    def _token_ok(self, given: str | None, where: str) -> bool:
+        if given is None:
+            return False
+        expected = self.session if where == "cookie" else self.token
+        return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected)
 
     @staticmethod
     def _origin_ok(headers: dict) -> bool:
@@ -127,11 +185,13 @@ class Guard:
             return await self._refuse(scope, receive, send, 403, "this collector answers to a loopback "
                                       "address only (Host header refused: DNS rebinding protection)")
         if self.token is not None:
-            given, from_query = self._given_token(headers, query)
-            if not self._token_ok(given):
+            given, where = self._given_token(headers, query)
+            if not self._token_ok(given, where):
+                if given is not None:  # a guess (a missing token is no attempt): slowed
+                    await self.failures.pause((scope.get("client") or ("?",))[0])
                 return await self._refuse(scope, receive, send, 401, "missing or wrong token",
                                           extra=((b"www-authenticate", b"Bearer"),))
-            if from_query and method == "GET":
+            if where == "query" and method == "GET":
                 return await self._login_redirect(scope, send, query)
         if (method not in SAFE_METHODS) and not self._origin_ok(headers):
             return await self._refuse(scope, receive, send, 403, "cross-origin request refused")
@@ -149,16 +209,28 @@ class Guard:
         await self._guarded(scope, receive, send, limit)
 
     async def _guarded(self, scope, receive, send, limit: int) -> None:
-        state = {"read": 0, "done": False, "started": False, "refused": None}
+        state = {"read": 0, "done": False, "started": False, "refused": None, "since": None}
         timeout_s = self.settings.body_timeout_s
+        min_rate = self.settings.min_body_bytes_per_s
 
         async def limited_receive():
             if state["done"]:
                 return await receive()  # after the body: the app may wait for a disconnect
+            now = time.monotonic()
+            if state["since"] is None:
+                state["since"] = now
+            # A drip never goes silent for the whole timeout: the body as a whole must arrive
+            # at `min_rate` on average, after a grace of one timeout.
+            rate_left_s = state["since"] + timeout_s + state["read"] / min_rate - now
+            wait_s = min(timeout_s, rate_left_s)
             try:
-                message = await asyncio.wait_for(receive(), timeout_s)
+                if wait_s <= 0:
+                    raise asyncio.TimeoutError
+                message = await asyncio.wait_for(receive(), wait_s)
             except asyncio.TimeoutError:
-                state["refused"] = BodyRefused(408, f"no request data for {timeout_s:g} s")
+                detail = (f"no request data for {timeout_s:g} s" if wait_s == timeout_s else
+                          f"request body slower than {min_rate:g} bytes/s")
+                state["refused"] = BodyRefused(408, detail)
                 raise state["refused"] from None
             if message["type"] == "http.request":
                 state["read"] += len(message.get("body", b""))
@@ -182,11 +254,23 @@ class Guard:
 
         try:
             await self.app(scope, limited_receive, secured_send)
-        except Exception:
+        except Exception as exc:
             # Raised through the app (perhaps inside an ExceptionGroup from a task group):
-            # our refusal of the body answers; any other error is the app's own.
+            # our refusal of the body answers; a client gone mid-body is one line; any other
+            # error is answered 500 here, with the security headers.
             if state["refused"] is None:
-                raise
+                where = f"{scope.get('method')} {scope.get('path', '')[:200]!r}"
+                if _client_disconnected(exc):
+                    log.info("client %s disconnected before sending the whole body of %s",
+                             _client_text(scope), where)
+                    return
+                kind = type(exc).__name__
+                log.error("internal error on %s: %s: %s", where, kind, str(exc)[:300],
+                          exc_info=exc if kind not in _traced else None)  # one traceback per kind
+                _traced.add(kind)
+                if state["started"]:
+                    raise
+                return await self._respond(send, 500, "internal error; the collector's log says which")
         refused = state["refused"]
         if refused is not None and not state["started"]:
             await self._respond(send, refused.status, refused.detail)
@@ -219,12 +303,18 @@ class Guard:
         path = b"/" + path.lstrip(b"/")  # `//host/` would send the browser to another site
         location = path + (f"?{rest}".encode("latin-1", "replace") if rest else b"")
         cookie = SimpleCookie()
-        cookie[TOKEN_COOKIE] = self.settings.token
-        cookie[TOKEN_COOKIE].update({"httponly": True, "samesite": "Strict", "path": "/"})
+        cookie[self.cookie] = self.session.decode("ascii")
+        cookie[self.cookie].update({"httponly": True, "samesite": "Strict", "path": "/",
+                                    "secure": scope.get("scheme") == "https"})
         await send({"type": "http.response.start", "status": 303, "headers": [
             (b"location", location), (b"content-length", b"0"),
-            (b"set-cookie", cookie[TOKEN_COOKIE].OutputString().encode("latin-1")), *SECURITY_HEADERS]})
+            (b"set-cookie", cookie[self.cookie].OutputString().encode("latin-1")), *SECURITY_HEADERS]})
         await send({"type": "http.response.body", "body": b""})
+
+
+def _client_text(scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "?"
 
 
 class _WebSocketDenial:

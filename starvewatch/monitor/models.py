@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from ..ids import ID_PATTERN, NAME_PATTERN
+from ..ids import ID_PATTERN, NAME_PATTERN, clean_name
 from ..limits import MAX_LIST_RECORDS
+from .json_bounds import free_form_problem
 from ..redact import redact_argv
 from ..schema import EVENTS_SCHEMA
 
@@ -15,7 +16,9 @@ NonNegInt = Annotated[int, Field(ge=0, le=2**53)]
 WallNs = Annotated[int, Field(ge=0, le=2**63 - 1)]  # wall-clock ns since the Unix epoch
 Number = Annotated[int | float, Field(ge=-1e300, le=1e300)]
 # Shown to people (escaped wherever shown): printable text.
-Name = Annotated[str, Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+# Cleaned first (ids.clean_name: control, format, separator and private-use characters become
+# spaces), as the hooks do: a name never costs a run its data, and never reaches a terminal raw.
+Name = Annotated[str, BeforeValidator(lambda v: clean_name(v, "_")), Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 # Becomes a directory name, a URL segment, part of a file name: a small character set.
 Id = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
 MAX_BATCH_RECORDS = MAX_LIST_RECORDS["steps"]  # starvewatch/limits.py: the hooks keep within it
@@ -62,9 +65,22 @@ class LoaderTotalsModel(Strict):
     wait_probe_cpu_ns: NonNegInt = 0
 
 
+def _bounded_extras(model: BaseModel) -> None:
+    """The free-form part of a record (the fields kept as sent) within json_bounds' limits."""
+    for name, value in (model.__pydantic_extra__ or {}).items():
+        problem = free_form_problem(name, value)
+        if problem is not None:
+            raise ValueError(problem)
+
+
 class Open(Strict):
-    # The fields the collector reads are typed; the rest is kept as sent.
+    # The fields the collector reads are typed; the rest is kept as sent, within bounds.
     model_config = ConfigDict(allow_inf_nan=False, extra="allow")
+
+    @model_validator(mode="after")
+    def bounded_free_form(self):
+        _bounded_extras(self)
+        return self
 
 
 class LoaderConfig(Open):
@@ -150,6 +166,7 @@ class RunInfo(Strict):
 
     @model_validator(mode="after")
     def hide_secrets(self) -> "RunInfo":
+        _bounded_extras(self)
         # Hooks from before the redaction, or a hand-made batch: the collector never stores them.
         extra = self.__pydantic_extra__
         if extra is not None and isinstance(extra.get("argv"), list):
@@ -185,7 +202,7 @@ class EventBatch(Strict):
     samples: list[Sample] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["samples"])
     workers: list[WorkerSnapshot] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["workers"])
     stalls: list[Stall] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["stalls"])
-    drops: dict[str, NonNegInt] = Field(default_factory=dict)
+    drops: dict[str, NonNegInt] = Field(default_factory=dict, max_length=1000)
     # The sending process's delivery account as it stood when this batch left; the collector
     # keeps the one of the highest sequence number per stream.
     delivery: DeliveryAccount | None = None

@@ -20,11 +20,21 @@ def serve(settings: CollectorSettings, *, autostarted: bool = False, ui=None) ->
 
     from .app import create_app
 
+    from .connections import bounded_protocol, quiet_refusals
+
     settings.pid_file_autostarted = autostarted
     _log_to_stderr()
+    # What the collector creates (database, WAL, rejected spool files, directories) is the
+    # user's alone: training data and command lines are not for other users of the machine.
+    os.umask(0o077)
     app = create_app(settings, ui=ui)
+    quiet_refusals()
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=5)
+                            access_log=False, timeout_graceful_shutdown=5,
+                            http=bounded_protocol(settings),
+                            h11_max_incomplete_event_size=settings.max_header_bytes,
+                            timeout_keep_alive=settings.keep_alive_timeout_s,
+                            ssl_certfile=settings.ssl_certfile, ssl_keyfile=settings.ssl_keyfile)
     uvicorn.Server(config).run()
 
 

@@ -19,6 +19,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+MIN_NETWORK_TOKEN_CHARS = 16  # a token guessable from the network would guard nothing
+
+
 @dataclass
 class CollectorSettings:
     host: str = "127.0.0.1"
@@ -40,6 +43,14 @@ class CollectorSettings:
     tensorboard_dir: Path | None = None  # write per-run scalars there (monitor/tensorboard.py)
     tensorboard_interval_s: float = 5.0
     pid_file_autostarted: bool | None = None  # set by `serve`: write the pid file for `stop`
+    # Before the token is checked (monitor/connections.py, guard.py): what one connection may cost.
+    min_body_bytes_per_s: float = 1024.0  # a body slower than this (after body_timeout_s) is cut
+    header_timeout_s: float = 10.0      # request line and headers must arrive within this
+    keep_alive_timeout_s: float = 5.0   # an idle kept-alive connection is closed after this
+    max_header_bytes: int = 64 * 1024   # request line and headers together
+    max_connections: int = 100          # open connections at once; more are closed at once
+    ssl_certfile: Path | None = None    # TLS (uvicorn's): both files, or neither
+    ssl_keyfile: Path | None = None
 
     @property
     def db_path(self) -> Path:
@@ -48,7 +59,8 @@ class CollectorSettings:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.ssl_certfile else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     def check(self) -> None:
         """Refuse settings that would expose training data to the network."""
@@ -60,4 +72,17 @@ class CollectorSettings:
                              "(for example: python -c 'import secrets; print(secrets.token_urlsafe())')")
         if not is_loopback(self.host) and not self.token:
             raise ValueError(f"binding {self.host} (not loopback) requires a token: "
-                             f"pass --token or set STARVEWATCH_TOKEN")
+                             f"set STARVEWATCH_TOKEN or pass --token-file")
+        if not is_loopback(self.host) and len(self.token) < MIN_NETWORK_TOKEN_CHARS:
+            raise ValueError(f"binding {self.host} (not loopback) needs a token of at least "
+                             f"{MIN_NETWORK_TOKEN_CHARS} characters, got {len(self.token)} "
+                             f"(python -c 'import secrets; print(secrets.token_urlsafe())' makes one)")
+        for name in ("min_body_bytes_per_s", "header_timeout_s", "keep_alive_timeout_s"):
+            value = getattr(self, name)
+            if not (value > 0 and value != float("inf")):
+                raise ValueError(f"{name} must be a positive number, got {value}")
+        for name in ("max_header_bytes", "max_connections"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
+            raise ValueError("TLS needs both --ssl-certfile and --ssl-keyfile")

@@ -82,19 +82,38 @@ class LocalSource:
         self.store.close()
 
 
+class CertificateRefused(SourceError):
+    """The collector's TLS certificate did not verify."""
+
+
+def _certificate_refused(exc: BaseException) -> bool:
+    import ssl
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class RemoteSource:
     def __init__(self, url: str, token: str | None = None) -> None:
         import httpx
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url
         self.description = f"the collector at {url}"
-        self.client = httpx.Client(base_url=url, headers=headers, timeout=60)
+        from ..tls import client_context
+        self.client = httpx.Client(base_url=url, headers=headers, timeout=60, verify=client_context())
 
     def _get(self, path: str, **params):
         import httpx
         try:
             response = self.client.get(path, params={k: v for k, v in params.items() if v is not None})
         except httpx.HTTPError as exc:
+            if _certificate_refused(exc):
+                raise CertificateRefused(
+                    f"the collector at {self.url} has a certificate this machine does not trust ({exc}); "
+                    f"for a self-signed one, set STARVEWATCH_CA_FILE to its PEM file") from None
             raise SourceError(f"cannot reach the collector at {self.url}: {exc}") from None
         if response.status_code == 404:
             raise SourceError(f"{response.json().get('detail', 'not found')}; `starvewatch runs` lists the runs")
@@ -105,8 +124,12 @@ class RemoteSource:
         return response.json()
 
     def healthy(self) -> bool:
+        """Whether the collector answers; a certificate refused is said, never taken for
+        "not running" (reading offline data instead would hide someone in the middle)."""
         try:
             return self._get("/healthz").get("service") == "starvewatch"
+        except CertificateRefused:
+            raise
         except (SourceError, ValueError):
             return False
 
@@ -143,6 +166,10 @@ class RemoteSource:
         try:
             response = self.client.delete(f"/api/v1/runs/{url_segment(run_id)}")
         except httpx.HTTPError as exc:
+            if _certificate_refused(exc):
+                raise CertificateRefused(
+                    f"the collector at {self.url} has a certificate this machine does not trust ({exc}); "
+                    f"for a self-signed one, set STARVEWATCH_CA_FILE to its PEM file") from None
             raise SourceError(f"cannot reach the collector at {self.url}: {exc}") from None
         if response.status_code == 404:
             raise SourceError(f"unknown run {run_id!r}")

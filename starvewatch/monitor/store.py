@@ -6,6 +6,7 @@ arrives, so summaries and long-range views never scan every step row.
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 import orjson
 
 from ..batch_parts import uncovered
+from ..private_files import FILE_MODE, make_private_dirs
 from ..stats import LoaderTotals, RecordStats
 
 # 2: `seen` keeps record ranges [first, end) of each batch (batch_parts.py), not only (stream, seq);
@@ -75,7 +77,10 @@ CREATE INDEX IF NOT EXISTS tunings_run ON tunings(run_id, created_at);
 class Store:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.path.parent)
+        # Created owner-only before SQLite opens it: SQLite gives the WAL and shm files the
+        # database's own mode.
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE))
         self._write_lock = threading.Lock()
         self._writer = self._connect()
         self._writer.executescript(DDL)

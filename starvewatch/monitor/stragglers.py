@@ -239,7 +239,8 @@ def markdown_lines(result: dict | None) -> list[str]:
         lines.append("No straggler: the ranks wait and compute alike.")
     for s in result["stragglers"]:
         cause = (s.get("cause") or {}).get("text") or ""
-        lines.append(f"- **rank {s['rank']}**, {s['loader']}: {s['severity']} {s['kind']} straggler, "
+        from .markdown_text import md_text
+        lines.append(f"- **rank {s['rank']}**, {md_text(s['loader'])}: {s['severity']} {s['kind']} straggler, "
                      f"+{s['excess_ms']:.1f} ms of a {s['step_ms']:.1f} ms step "
                      f"({100 * s['excess_fraction']:.0f}%). {cause}")
     return lines

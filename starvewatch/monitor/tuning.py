@@ -158,9 +158,10 @@ def markdown(tuning: dict | None) -> list[str]:
     """The report section for stored tuning results (Markdown lines; empty when none)."""
     if not tuning:
         return []
+    from .markdown_text import md_block, md_text
     lines = ["", "## Measured tuning (`starvewatch tune`)", "",
              f"{len(tuning.get('trials') or [])} trials in {tuning.get('elapsed_s') or 0:.1f} s of a "
-             f"{tuning.get('budget_s')} s budget on {tuning.get('host') or 'unknown host'} "
+             f"{tuning.get('budget_s')} s budget on {md_text(tuning.get('host') or 'unknown host')} "
              f"({tuning.get('cores')} cores), {tuning.get('created_at')}.", "",
              "| configuration | batches/s | samples/s | worker memory | CPU % | status |",
              "|---|---:|---:|---:|---:|---|"]
@@ -170,10 +171,10 @@ def markdown(tuning: dict | None) -> list[str]:
         mark = " (answer)" if answer and t["config"] == answer.get("config") else ""
         mem = f"{t['worker_uss_bytes'] / 2**20:.0f} MiB" if t.get("worker_uss_bytes") else "n/a"
         status = t["status"] + (f": {t['reason']}" if t.get("reason") else "")
-        lines.append(f"| {label}{mark} | {_fmt(t.get('batches_per_s'))} | {_fmt(t.get('samples_per_s'))} | "
-                     f"{mem} | {_fmt(t.get('cpu_pct'), 0)} | {status.replace('|', '/')} |")
+        lines.append(f"| {md_text(label)}{mark} | {_fmt(t.get('batches_per_s'))} | {_fmt(t.get('samples_per_s'))} | "
+                     f"{mem} | {_fmt(t.get('cpu_pct'), 0)} | {md_text(status)} |")
     if answer:
-        lines += ["", f"Answer: {answer.get('rule')}.", "", f"```python\n{answer.get('snippet')}\n```"]
+        lines += ["", f"Answer: {md_text(answer.get('rule'))}.", "", *md_block(str(answer.get('snippet')), "python")]
     return lines
 
 

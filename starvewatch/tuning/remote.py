@@ -21,7 +21,9 @@ class Collector:
         self.url = (url or collector_url()).rstrip("/")
         token = token or os.environ.get("STARVEWATCH_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+        from ..tls import client_context
+        self.client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s,
+                                   verify=client_context())
 
     def close(self) -> None:
         self.client.close()

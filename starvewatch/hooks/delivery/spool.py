@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ...logonce import RateLimitedLog
 from .account import rejected_dir
+from ...private_files import make_private_dirs, private_opener
 from ...spool_format import SUFFIX, file_name, read_spool_file, seq_of
 
 _spool_errors = RateLimitedLog(logging.getLogger("starvewatch.delivery"))
@@ -130,10 +131,10 @@ class Spool:
         tmp = final.with_name(final.name + ".tmp")
         try:
             try:
-                f = open(tmp, "wb")
+                f = open(tmp, "wb", opener=private_opener)  # owner-only (private_files.py)
             except FileNotFoundError:  # the first write, or the directory was removed (an import)
-                self.directory.mkdir(parents=True, exist_ok=True)
-                f = open(tmp, "wb")
+                make_private_dirs(self.directory)
+                f = open(tmp, "wb", opener=private_opener)
             with f:
                 f.write(data)
             os.replace(tmp, final)  # atomic: a reader never sees half a batch

@@ -23,6 +23,7 @@ from .account import SlowWatch, Warnings, drop_reason, rejected_dir
 from ...batch_parts import split
 from ...limits import MAX_DECOMPRESSED_BYTES, MAX_LIST_RECORDS
 from ...logonce import RateLimitedLog
+from ...private_files import make_private_dirs, private_opener
 from ...spool_format import SpoolFileError, file_name, read_spool_file
 from .spool import Spool, _records_in
 
@@ -87,8 +88,12 @@ class HttpTransport:
 
     def _connection(self):
         if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=self.timeout_s)
+            if self._https:  # verified: the system's CAs or STARVEWATCH_CA_FILE (tls.py)
+                from ...tls import client_context
+                self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout_s,
+                                                         context=client_context())
+            else:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
         return self._conn
 
     def request(self, method: str, path: str, body: bytes | None = None,
@@ -351,12 +356,13 @@ class Delivery:
         target = Path(rejected_dir(self.spool.directory)) / (
             spooled.name if spooled is not None else file_name(payload["seq"], None if part is None else part[0]))
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(target.parent)
             if spooled is not None:
                 self.spool.forget(spooled)
                 os.replace(spooled, target)
             else:
-                target.write_bytes(gzip.compress(body if body is not None else dumps(payload), compresslevel=1))
+                with open(target, "wb", opener=private_opener) as out:
+                    out.write(gzip.compress(body if body is not None else dumps(payload), compresslevel=1))
         except OSError:
             if spooled is not None:
                 self.spool.remove(spooled)
