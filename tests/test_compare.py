@@ -9,6 +9,7 @@ import pytest
 
 from starvewatch.dashboard import callbacks
 from starvewatch.monitor import compare, compare_figures
+from starvewatch.monitor.markdown_text import md_text
 from starvewatch.monitor.models import EventBatch
 from starvewatch.monitor.query import Query
 from starvewatch.monitor.store import Store
@@ -168,4 +169,4 @@ def test_run_report_reads_evidence_and_configuration_as_the_dashboard_does(two_r
     assert f"<td><b>num_workers</b></td><td><code>0</code></td><td><b>→ <code>{rec['suggested']}</code></b>" in body
     assert "<td>batch_size</td><td><code>32</code></td><td></td>" in body
     md = to_markdown(query.summary("after"))
-    assert f"### {HOSTILE.replace('|', chr(92) + '|').replace('`', chr(39))}" in md  # the loader's own table
+    assert f"### {md_text(HOSTILE)}" in md  # the loader's own table, its name as Markdown text
