@@ -14,7 +14,9 @@ import re
 log = logging.getLogger("starvewatch.collector")
 
 EMBEDDABLE_PREFIX = "/runs/"
-DEFAULT_ANCESTORS = ("'self'", "http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*",
+# No `http://[::1]:*`: CSP source expressions take no IPv6 literal (Chromium reports the whole
+# directive's source as invalid on every run page); a notebook at [::1] can use localhost.
+DEFAULT_ANCESTORS = ("'self'", "http://localhost:*", "http://127.0.0.1:*",
                      "vscode-webview:")
 # An origin a user may add: http(s)://host[:port|:*], with at most a leading `*.` label.
 _SOURCE = re.compile(r"^https?://(?:\*\.)?[a-z0-9-]+(?:\.[a-z0-9-]+)*(?::(?:\d{1,5}|\*))?$")
