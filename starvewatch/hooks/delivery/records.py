@@ -14,8 +14,11 @@ from operator import itemgetter, sub
 
 from ...schema import STEP_COLUMNS
 from ...stats import LoaderTotals, RecordStats
-from ..record_layout import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT, expand_reads
+from ..record_layout import (FULL_RECORD_LEN, HORIZON_RECORD_LEN, OPEN_WAIT_RECORD_LEN, R_COMPUTE, R_END,
+                             R_EPOCH_START, R_GPU, R_OTHER, R_PHASES, R_RET, R_SPANS, R_START, R_WAIT,
+                             expand_reads)
 from .account import add_accounts, empty_account
+from .overlap import Lanes, split_marks
 from .transport import Delivery
 
 
@@ -41,26 +44,49 @@ def _positions(values: list, value) -> list[int]:
         return out
 
 
-def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict:
+def columns(records: list[tuple], names: list[str], wall_offset_ns: int, lanes: Lanes | None = None) -> dict:
     """Records to wire columns with C-level itemgetter maps (about 5x a Python loop). Most
     records are raw clock reads from the fast path; the few from the general path (a CPU
     probe, an epoch's first step, `step()` users, GPU measurements) carry durations and
-    extras and are patched in by position."""
+    extras and are patched in by position. With `lanes` (the book's), the other loaders'
+    waits on the same thread are taken out of each step's compute (overlap.py); the shipper's
+    marks feed it and are no steps."""
+    lengths = list(map(len, records))
+    marks: list[tuple] = []
+    if HORIZON_RECORD_LEN in lengths or OPEN_WAIT_RECORD_LEN in lengths:
+        records, marks = split_marks(records, lengths, (HORIZON_RECORD_LEN, OPEN_WAIT_RECORD_LEN))
+        lengths = None
     records = expand_reads(records)
     n = len(records)
     col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
-    t_call, t3, t4 = col(2), col(3), col(4)
-    waits, computes = list(map(sub, t3, t_call)), list(map(sub, t4, t3))
+    t_call, t_ret, t_end = col(2), col(3), col(4)
+    waits, computes = list(map(sub, t_ret, t_call)), list(map(sub, t_end, t_ret))
     others, gpus, phases = [0] * n, [None] * n, []
+    nested: dict[int, tuple] = {}  # position -> (nested spans, start-up ns, epoch start)
     for i in _positions(list(map(len, records)), FULL_RECORD_LEN):
         r = records[i]
         waits[i], computes[i], others[i], gpus[i] = r[R_WAIT], r[R_COMPUTE], r[R_OTHER], r[R_GPU]
+        t_ret[i], t_end[i] = r[R_RET], r[R_END]
+        startup = r[R_WAIT] - (r[R_RET] - r[R_START])
+        if r[R_SPANS] or startup > 0:
+            nested[i] = (r[R_SPANS], startup, r[R_EPOCH_START])
         if r[R_PHASES]:
             phases += [[names[r[0][0]], r[0][1], r[1], name, ns] for name, ns in r[R_PHASES].items()]
     keys = col(0)
+    if lanes is not None:
+        open_waits = []
+        for mark in marks:
+            if len(mark) == HORIZON_RECORD_LEN:
+                lanes.horizon(mark[0])
+            else:
+                open_waits.append(mark)
+        shared, taken = lanes.adjust(keys, t_call, t_ret, t_end, computes, others, nested, open_waits)
+    else:
+        shared, taken = [0] * n, [0] * n
     distinct = set(keys)
     if len(distinct) == 1:  # one loader, one epoch: the usual case
-        (index, epoch), = distinct
+        key, = distinct
+        index, epoch = key[0], key[1]
         indexes, epochs, loader_names = [index] * n, [epoch] * n, [names[index]] * n
     else:
         indexes, epochs = list(map(itemgetter(0), keys)), list(map(itemgetter(1), keys))
@@ -68,7 +94,9 @@ def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict
     return {"index": indexes, "loader": loader_names, "epoch": epochs, "step": col(1),
             "start_ns": list(map(wall_offset_ns.__add__, t_call)), "wait_ns": waits,
             "compute_ns": computes, "other_ns": others, "batch_size": col(5),
-            "gpu_idle_ns": gpus, "phases": phases}
+            "gpu_idle_ns": gpus, "phases": phases,
+            # not step columns of the wire: they go into the totals (RecordBook.add)
+            "shared_compute_ns": shared, "other_loaders_wait_ns": taken}
 
 
 class RecordBook:
@@ -80,6 +108,9 @@ class RecordBook:
         self.stats: dict[int, RecordStats] = {}
         self.seq = 0
         self.vectorized = vectorized  # numpy for the histograms: the sidecar, not the trainer
+        # Recent waits per thread, for steps still to come (overlap.py). Not in to_dict: after
+        # a take-over from a dead sidecar the first steps may keep a few other loaders' waits.
+        self.lanes = Lanes()
 
     def add(self, cols: dict) -> None:
         indexes = cols["index"]
@@ -97,6 +128,8 @@ class RecordBook:
             totals.wait_ns += sum(waits)
             totals.compute_ns += sum(computes)
             totals.other_ns += sum(pick(cols["other_ns"]))
+            totals.shared_compute_ns += sum(pick(cols["shared_compute_ns"]))
+            totals.other_loaders_wait_ns += sum(pick(cols["other_loaders_wait_ns"]))
             unknown = sizes.count(None)
             totals.samples += sum(b for b in sizes if b is not None) if unknown else sum(sizes)
             if unknown:
@@ -153,7 +186,7 @@ class LocalPipeline:
         return len(self._batch["step"]) if self._batch is not None else 0
 
     def add(self, records: list[tuple], names: list[str]) -> None:
-        cols = columns(records, names, self.wall_offset_ns)
+        cols = columns(records, names, self.wall_offset_ns, self.current_book.lanes)
         self.current_book.add(cols)
         if self._batch is None:
             self._batch = cols

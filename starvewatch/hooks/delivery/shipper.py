@@ -11,7 +11,7 @@ import time
 from ...logonce import RateLimitedLog
 from ...schema import EVENTS_SCHEMA
 from ..cuda import PENDING
-from ..record_layout import R_GPU, Segment, reads_steps
+from ..record_layout import R_GPU, Segment, reads_steps, record_end, record_wait
 from .records import RecordBook
 from .transport import TransportError
 
@@ -42,7 +42,9 @@ class Shipper(threading.Thread):
         self.driven_at = 0.0  # the last cycle the sampler thread ran
         self._meta_sent = False
         self._pending_gpu: list[tuple[float, tuple]] = []
-        self._segments: list[Segment] = []  # fast-path segments still running or not all taken
+        # Fast-path segments still running or not all taken, and records closed after a
+        # cycle's horizon, in buffer order: the next cycle takes them first.
+        self._carried: list = []
         self.shipped_records = 0
         self.errors: list[str] = []
 
@@ -116,36 +118,60 @@ class Shipper(threading.Thread):
         _errors.error(text.split(": ", 1)[-1].split("(")[0], "starvewatch: shipping records failed: %s", text)
 
     # ---- one cycle ------------------------------------------------------------------------
-    def _take(self, n: int) -> list[tuple]:
+    def _take(self, n: int, final: bool = False) -> tuple[list[tuple], list[tuple]]:
         """The oldest `n` items of the buffer, all at once: two C-level calls (~2 ns an item
         against ~35 for popping one by one), each atomic under the GIL; the training thread
         only appends at the end meanwhile, so the front stays what was sliced. Then the
-        records: fast-path segments (taken before, then in buffer order) as reads records
-        (record_layout.py), in order with each loader's other records."""
+        records: fast-path segments as reads records (record_layout.py), in order with each
+        loader's other records. Returns (marks, records).
+
+        Only the steps closed by the cycle's horizon (a clock read before anything else) are
+        taken; the rest waits for the next cycle, in order. The marks give the horizon and the
+        waits that ended by then in steps not taken (in progress, or closed after it), so
+        every wait of a thread that ended before a shipped step closed is shipped with it or
+        before: delivery subtracts them from the compute of the other loaders of that thread
+        (overlap.py). The final cycle takes everything."""
+        horizon = None if final else time.perf_counter_ns()
+        marks: list[tuple] = []
+        if horizon is not None:
+            marks.append((horizon,))
+            for it in list(self.session.live_iterators):  # read after the horizon
+                wait = it.open_wait()
+                if wait is not None:
+                    marks.append(wait + ("open",))
         buffer = self.session.buffer
         items = buffer[:n]
         del buffer[:len(items)]
-        if not self._segments and not any(type(item) is Segment for item in items):
-            return items
+        if not self._carried and not any(type(item) is Segment for item in items):
+            if horizon is None or all(record_end(item) <= horizon for item in items):
+                return marks, items
         records: list[tuple] = []
-        segments, self._segments = self._segments, []
-        for item in segments + items:  # segments from earlier cycles first: older than anything taken now
+        carried, self._carried = self._carried, []
+        for item in carried + items:  # carried ones first: older than anything taken now
             if type(item) is not Segment:
-                records.append(item)
+                if horizon is not None and record_end(item) > horizon:
+                    self._carried.append(item)  # closed after the horizon: next cycle
+                    marks.append(record_wait(item) + ("open",))
+                else:
+                    records.append(item)
                 continue
-            final = item.final  # read before the length: a final segment gets no more reads
+            final_segment = item.final  # read before the length: a final segment gets no more reads
             while True:
-                chunk = item.take(SEGMENT_TAKE_STEPS)  # one slice of its reads (C-level)
+                chunk = item.take(SEGMENT_TAKE_STEPS, horizon)  # one slice of its reads (C-level)
                 records += chunk
                 if not chunk or reads_steps(chunk[0]) < SEGMENT_TAKE_STEPS:
                     break
-            if not final:
-                self._segments.append(item)
-                if len(item.times) > SEGMENT_ROTATE_READS:
+            if horizon is not None:
+                wait = item.wait_before(horizon)
+                if wait is not None:
+                    marks.append(wait + ("open",))
+            if not final_segment or not item.done():
+                self._carried.append(item)
+                if not final_segment and len(item.times) > SEGMENT_ROTATE_READS:
                     owner = item.owner()
                     if owner is not None:
                         owner.rotate(item)
-        return records
+        return marks, records
 
     def _resolve_gpu(self, records: list[tuple], final: bool) -> list[tuple]:
         """Replace event tokens by GPU idle ns. A record whose events are still pending is held
@@ -193,7 +219,7 @@ class Shipper(threading.Thread):
         limit = session.settings.max_batch_records
         deadline = time.monotonic() + session.settings.flush_timeout_s if final else None
         extra = session.drain_events()
-        backlog = self._take(len(session.buffer))
+        marks, backlog = self._take(len(session.buffer), final)
         left, start = len(backlog), 0
         sent = False
         try:
@@ -204,6 +230,10 @@ class Shipper(threading.Thread):
                 start += n
                 if self._pending_gpu or (records and session.gpu_timer_if_any() is not None):
                     records = self._resolve_gpu(records, final and left <= 0)
+                    # held back for their GPU events: their waits go now (overlap.py)
+                    marks += [record_wait(held) + ("open",) for _, held in self._pending_gpu]
+                if marks:  # with the cycle's first chunk
+                    records, marks = marks + records, []
                 if records:
                     pipeline.add(records, [state.name for state in session.loader_list])
                 if pipeline.pending() and (pipeline.pending() >= limit or left <= 0):
