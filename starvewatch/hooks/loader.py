@@ -64,7 +64,7 @@ class WatchedIterator:
     __slots__ = ("_it", "_state", "_buffer", "_capacity", "_key", "_epoch", "_step",
                  "_t_call", "_t_ret", "_extra_wait", "_open", "_marked", "_excluded", "_step_ns",
                  "_step_used", "_in_step", "_phases", "_bs", "_first", "_probe_bs", "_startup",
-                 "_parent", "_parent_step", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
+                 "_parents", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
                  "_cpu_probe", "_times", "_segment", "_reads_left", "_last_segment", "_t_wait",
                  "_spans", "_active", "__weakref__")
 
@@ -103,11 +103,18 @@ class WatchedIterator:
         self._last_segment = None  # the one before, until the shipper has taken all of it
         self._t_wait = 0  # when the general path's next() began, while it runs (else 0)
         active = self._active = ACTIVE.stack  # this thread's: _end may run on another one
-        parent = active[-1]() if active else None
-        if parent is not None and parent._open:
-            self._parent, self._parent_step = parent._wref, parent.current_step()
-        else:
-            self._parent, self._parent_step = None, -1
+        # The innermost steps open on this thread (one loader's, or those of loaders advanced
+        # together), down to the ones they are nested in: an epoch that ends inside them is
+        # taken out of each (validation inside a training step).
+        parents, ancestors = None, set()
+        for ref in reversed(active):
+            if ref in ancestors:
+                break
+            parent = ref()
+            if parent is not None and parent._open:
+                parents = (parents or ()) + ((ref, parent.current_step()),)
+                ancestors.update(r for r, _ in parent._parents or ())
+        self._parents = parents
         self._wref = weakref.ref(self)
         active.append(self._wref)
         state.current = self._wref
@@ -324,12 +331,13 @@ class WatchedIterator:
         self.__class__ = WatchedIterator
         if self._step == 0 and self._startup:
             self._state.totals.epoch_end_wait_ns += self._startup
-        parent = self._parent() if self._parent is not None else None
-        if parent is not None and parent._open and parent.current_step() == self._parent_step:
-            parent._excluded += t_end - self._t_epoch
-            parent._spans = (parent._spans or ()) + ((self._t_epoch, t_end),)
-            parent.mark()
-        self._parent = None
+        for ref, step in self._parents or ():
+            parent = ref()
+            if parent is not None and parent._open and parent.current_step() == step:
+                parent._excluded += t_end - self._t_epoch
+                parent._spans = (parent._spans or ()) + ((self._t_epoch, t_end),)
+                parent.mark()
+        self._parents = None
         self._it = None  # never pin a finished inner iterator (it may hold worker processes)
         active = self._active
         if active and active[-1] is self._wref:

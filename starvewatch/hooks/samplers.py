@@ -402,6 +402,9 @@ class Sampler(threading.Thread):
                         current = state.current() if state.current is not None else None
                         if current is not None:
                             current.probe_cpu()
+                        # Held past here, a dropped iterator (zip's partner when the loop ends)
+                        # would keep its last step open until this thread lets go.
+                        current = None
                         watch = self.loader_watches.setdefault(state.name, LoaderWatch(state))
                         snapshot = watch.sample(lookup, self.worker_memory)
                         if snapshot is not None:

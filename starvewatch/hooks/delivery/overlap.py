@@ -40,7 +40,7 @@ def lane_of(key: tuple) -> int:
 
 
 class _Lane:
-    __slots__ = ("blocks", "horizon", "marked_from", "marked_from_before", "newest", "kept")
+    __slots__ = ("blocks", "horizon", "marked_from", "marked_from_before", "newest", "kept", "view")
 
     def __init__(self) -> None:
         # (newest time in it, wait ends, wait ns, calls, from marks, keys), oldest first
@@ -50,6 +50,7 @@ class _Lane:
         self.marked_from_before = INF  # the same for the cycle before
         self.newest = 0
         self.kept = 0  # waits in the blocks
+        self.view = None  # (wait ends sorted, cumulative wait ns, calls sorted), until blocks change
 
 
 INF = float("inf")
@@ -68,38 +69,50 @@ class Lanes:
             blocks = lane.blocks
             while blocks and (blocks[0][0] < floor or lane.kept > MAX_LANE_WAITS):
                 lane.kept -= len(blocks.pop(0)[1])
+                lane.view = None
             lane.horizon = max(lane.horizon, t)
             lane.marked_from_before, lane.marked_from = lane.marked_from, INF
 
-    def adjust(self, keys: list, t_calls: list, t_rets: list, t_ends: list, computes: list,
-               others: list, nested: dict, marks: list) -> tuple[list, list]:
-        """Take the other loaders' waits out of `computes` and `others` (in place) and return
-        (shared ns, other loaders' wait ns) columns. `nested`: position -> (nested spans,
-        start-up ns, epoch start) of the full records that have either; `marks`: open-wait
-        marks (key, t_call, t_return, wait ns, "open")."""
-        n = len(keys)
-        shared, taken = [0] * n, [0] * n
-        lanes_of = {key: lane_of(key) for key in set(keys)}
-        if len(set(lanes_of.values())) <= 1:
-            by_lane = {lane_id: range(n) for lane_id in lanes_of.values()}
-        else:
-            lane_col = list(map(lanes_of.__getitem__, keys))
-            by_lane = {lane_id: [i for i, x in enumerate(lane_col) if x == lane_id] for lane_id in set(lane_col)}
+    def register(self, lane_input: tuple) -> None:
+        """Keep one chunk's waits and calls (from `columns`); every chunk of a batch is
+        registered before any is adjusted, since a step's waits may come in a later chunk of
+        its cycle (the shipper's order is by loader, not by time)."""
+        keys, t_calls, t_rets, t_ends, nested, marks = lane_input
+        for mark in marks:
+            if len(mark) == 1:
+                self.horizon(mark[0])
         mark_lanes: dict[int, list] = {}
         for mark in marks:
-            mark_lanes.setdefault(lane_of(mark[0]), []).append(mark)
+            if len(mark) > 1:
+                mark_lanes.setdefault(lane_of(mark[0]), []).append(mark)
+        by_lane = self._by_lane(keys)
         for lane_id in set(by_lane) | set(mark_lanes):
             lane = self.lanes.get(lane_id)
             if lane is None:
                 lane = self.lanes[lane_id] = _Lane()
-            lane_marks = mark_lanes.get(lane_id)
-            if lane_marks:
-                self._add_marks(lane, lane_marks)
-            positions = by_lane.get(lane_id)
-            if positions:
-                self._add_steps(lane, positions, keys, t_calls, t_rets, t_ends, nested)
-                self._subtract(lane, positions, keys, t_rets, t_ends, computes, others, nested, shared, taken)
-        return shared, taken
+            if lane_id in mark_lanes:
+                self._add_marks(lane, mark_lanes[lane_id])
+            if lane_id in by_lane:
+                self._add_steps(lane, by_lane[lane_id], keys, t_calls, t_rets, t_ends, nested)
+
+    def adjust(self, lane_input: tuple, computes: list, others: list) -> tuple[list, list, list, list]:
+        """Take the other loaders' waits out of one registered chunk's `computes` and `others`
+        (changed in place) and return (computes, others, shared ns, other loaders' wait ns)."""
+        keys, _, t_rets, t_ends, nested, _ = lane_input
+        n = len(keys)
+        shared, taken = [0] * n, [0] * n
+        for lane_id, positions in self._by_lane(keys).items():
+            self._subtract(self.lanes[lane_id], positions, t_rets, t_ends, computes, others, nested,
+                           shared, taken)
+        return computes, others, shared, taken
+
+    @staticmethod
+    def _by_lane(keys: list) -> dict:
+        lanes_of = {key: lane_of(key) for key in set(keys)}
+        if len(set(lanes_of.values())) <= 1:
+            return {lane_id: range(len(keys)) for lane_id in lanes_of.values()}
+        lane_col = list(map(lanes_of.__getitem__, keys))
+        return {lane_id: [i for i, x in enumerate(lane_col) if x == lane_id] for lane_id in set(lane_col)}
 
     def _add_marks(self, lane: _Lane, marks: list) -> None:
         self._add_block(lane, [m[2] for m in marks], [m[3] for m in marks], [m[1] for m in marks],
@@ -129,24 +142,26 @@ class Lanes:
         newest = max(max(ends, default=0), max(calls, default=0))
         lane.blocks.append((newest, ends, lane_waits, calls, from_marks, keys))
         lane.kept += len(ends)
+        lane.view = None
         if newest > lane.newest:
             lane.newest = newest
 
-    def _subtract(self, lane, positions, keys, t_rets, t_ends, computes, others, nested, shared,
-                  taken) -> None:
+    def _subtract(self, lane, positions, t_rets, t_ends, computes, others, nested, shared, taken) -> None:
         lane_keys = set().union(*map(itemgetter(5), lane.blocks))
         if len(lane_keys) < 2:
             return  # one loader (one epoch) on this thread: nothing to take out
-        ended: dict[int, int] = {}  # wait end -> wait ns; a step's own record beats a mark
-        for block in lane.blocks:
-            if block[4]:
-                ended.update(zip(block[1], block[2]))
-        for block in lane.blocks:
-            if not block[4]:
-                ended.update(zip(block[1], block[2]))
-        ends_sorted = sorted(ended)
-        cumulative = list(accumulate(map(ended.__getitem__, ends_sorted)))
-        calls = sorted(set(chain.from_iterable(map(itemgetter(3), lane.blocks))))
+        if lane.view is None:
+            ended: dict[int, int] = {}  # wait end -> wait ns; a step's own record beats a mark
+            for block in lane.blocks:
+                if block[4]:
+                    ended.update(zip(block[1], block[2]))
+            for block in lane.blocks:
+                if not block[4]:
+                    ended.update(zip(block[1], block[2]))
+            ends_sorted = sorted(ended)
+            lane.view = (ends_sorted, list(accumulate(map(ended.__getitem__, ends_sorted))),
+                         sorted(set(chain.from_iterable(map(itemgetter(3), lane.blocks)))))
+        ends_sorted, cumulative, calls = lane.view
 
         def waited_by(t: int) -> int:  # the thread's waits that ended by t (of those kept)
             i = bisect_right(ends_sorted, t)

@@ -9,9 +9,11 @@ So both produce the same payloads and the same summary.
 from __future__ import annotations
 
 import itertools
+import logging
 import marshal
 from operator import itemgetter, sub
 
+from ...logonce import RateLimitedLog
 from ...schema import STEP_COLUMNS
 from ...stats import LoaderTotals, RecordStats
 from ..record_layout import (FULL_RECORD_LEN, HORIZON_RECORD_LEN, OPEN_WAIT_RECORD_LEN, R_COMPUTE, R_END,
@@ -19,6 +21,8 @@ from ..record_layout import (FULL_RECORD_LEN, HORIZON_RECORD_LEN, OPEN_WAIT_RECO
                              expand_reads)
 from .account import add_accounts, empty_account
 from .overlap import Lanes, split_marks
+
+_overlap_errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
 from .transport import Delivery
 
 
@@ -44,13 +48,13 @@ def _positions(values: list, value) -> list[int]:
         return out
 
 
-def columns(records: list[tuple], names: list[str], wall_offset_ns: int, lanes: Lanes | None = None) -> dict:
+def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict:
     """Records to wire columns with C-level itemgetter maps (about 5x a Python loop). Most
     records are raw clock reads from the fast path; the few from the general path (a CPU
     probe, an epoch's first step, `step()` users, GPU measurements) carry durations and
-    extras and are patched in by position. With `lanes` (the book's), the other loaders'
-    waits on the same thread are taken out of each step's compute (overlap.py); the shipper's
-    marks feed it and are no steps."""
+    extras and are patched in by position. The clocks and the shipper's marks (no steps) are
+    kept under "lanes" for `settle`, which takes the other loaders' waits on the same thread
+    out of each step's compute."""
     lengths = list(map(len, records))
     marks: list[tuple] = []
     if HORIZON_RECORD_LEN in lengths or OPEN_WAIT_RECORD_LEN in lengths:
@@ -73,16 +77,6 @@ def columns(records: list[tuple], names: list[str], wall_offset_ns: int, lanes: 
         if r[R_PHASES]:
             phases += [[names[r[0][0]], r[0][1], r[1], name, ns] for name, ns in r[R_PHASES].items()]
     keys = col(0)
-    if lanes is not None:
-        open_waits = []
-        for mark in marks:
-            if len(mark) == HORIZON_RECORD_LEN:
-                lanes.horizon(mark[0])
-            else:
-                open_waits.append(mark)
-        shared, taken = lanes.adjust(keys, t_call, t_ret, t_end, computes, others, nested, open_waits)
-    else:
-        shared, taken = [0] * n, [0] * n
     distinct = set(keys)
     if len(distinct) == 1:  # one loader, one epoch: the usual case
         key, = distinct
@@ -95,8 +89,28 @@ def columns(records: list[tuple], names: list[str], wall_offset_ns: int, lanes: 
             "start_ns": list(map(wall_offset_ns.__add__, t_call)), "wait_ns": waits,
             "compute_ns": computes, "other_ns": others, "batch_size": col(5),
             "gpu_idle_ns": gpus, "phases": phases,
-            # not step columns of the wire: they go into the totals (RecordBook.add)
-            "shared_compute_ns": shared, "other_loaders_wait_ns": taken}
+            # not step columns of the wire: they go into the totals (RecordBook.add), once
+            # settle() has taken the other loaders' waits out (overlap.py)
+            "shared_compute_ns": [0] * n, "other_loaders_wait_ns": [0] * n,
+            "lanes": (keys, t_call, t_ret, t_end, nested, marks)}
+
+
+def settle(chunks: list[dict], lanes: Lanes) -> None:
+    """The other loaders' waits out of the compute of a batch's chunks (in place), once every
+    chunk's waits are known (overlap.py). Never loses a record: should this fail, the steps
+    keep their compute as measured (one console line)."""
+    try:
+        for cols in chunks:
+            lanes.register(cols["lanes"])
+        adjusted = [lanes.adjust(cols["lanes"], list(cols["compute_ns"]), list(cols["other_ns"]))
+                    for cols in chunks]
+    except Exception as exc:  # a record shape nobody foresaw: measured as one loader each
+        _overlap_errors.error(type(exc).__name__, "starvewatch: several loaders on one thread: %r", exc)
+        lanes.lanes.clear()
+        return
+    for cols, (computes, others, shared, taken) in zip(chunks, adjusted):
+        cols["compute_ns"], cols["other_ns"] = computes, others
+        cols["shared_compute_ns"], cols["other_loaders_wait_ns"] = shared, taken
 
 
 class RecordBook:
@@ -177,26 +191,39 @@ class LocalPipeline:
         self.delivery = delivery
         self.wall_offset_ns = wall_offset_ns
         self.current_book = RecordBook(vectorized=vectorized)
-        self._batch: dict | None = None
+        self._chunks: list[dict] = []  # columns of the records added since the last send
+        self._pending = 0
         # What a sidecar settled before this pipeline took over (acknowledged and dropped; the
         # spool's part is read from the spool itself).
         self.inherited = empty_account()
 
     def pending(self) -> int:
-        return len(self._batch["step"]) if self._batch is not None else 0
+        return self._pending
 
     def add(self, records: list[tuple], names: list[str]) -> None:
-        cols = columns(records, names, self.wall_offset_ns, self.current_book.lanes)
-        self.current_book.add(cols)
-        if self._batch is None:
-            self._batch = cols
-        else:
+        cols = columns(records, names, self.wall_offset_ns)
+        self._chunks.append(cols)
+        self._pending += len(cols["step"])
+
+    def _settled_batch(self) -> dict | None:
+        """The chunks added since the last send, settled (records.settle), in the book, as
+        one batch of columns."""
+        chunks, self._chunks, self._pending = self._chunks, [], 0
+        if not chunks:
+            return None
+        settle(chunks, self.current_book.lanes)
+        batch = chunks[0]
+        self.current_book.add(batch)
+        for cols in chunks[1:]:
+            self.current_book.add(cols)
             for name, values in cols.items():
-                self._batch[name].extend(values)
+                if name != "lanes":
+                    batch[name].extend(values)
+        return batch
 
     def send(self, header: dict, deadline: float | None = None) -> int:
         """Deliver one batch; returns its number of step records."""
-        batch, self._batch = self._batch, None
+        batch = self._settled_batch()
         book = self.current_book
         loaders = [dict(loader, totals=book.merged(index, LoaderTotals.from_dict(loader["totals"])).to_dict())
                    for index, loader in enumerate(header["loaders"])]

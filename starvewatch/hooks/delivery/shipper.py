@@ -132,13 +132,7 @@ class Shipper(threading.Thread):
         before: delivery subtracts them from the compute of the other loaders of that thread
         (overlap.py). The final cycle takes everything."""
         horizon = None if final else time.perf_counter_ns()
-        marks: list[tuple] = []
-        if horizon is not None:
-            marks.append((horizon,))
-            for it in list(self.session.live_iterators):  # read after the horizon
-                wait = it.open_wait()
-                if wait is not None:
-                    marks.append(wait + ("open",))
+        marks = [(horizon,), *self._open_waits()] if horizon is not None else []  # read after it
         buffer = self.session.buffer
         items = buffer[:n]
         del buffer[:len(items)]
@@ -172,6 +166,17 @@ class Shipper(threading.Thread):
                     if owner is not None:
                         owner.rotate(item)
         return marks, records
+
+    def _open_waits(self) -> list[tuple]:
+        """Marks of the steps in progress whose batch has come back. The iterators are held
+        only in here: one held past its loop's end would keep its last step open longer."""
+        marks = []
+        for ref in list(self.session.live_iterators.data):  # the WeakSet's weak references
+            it = ref()
+            wait = it.open_wait() if it is not None else None
+            if wait is not None:
+                marks.append(wait + ("open",))
+        return marks
 
     def _resolve_gpu(self, records: list[tuple], final: bool) -> list[tuple]:
         """Replace event tokens by GPU idle ns. A record whose events are still pending is held
