@@ -151,15 +151,20 @@ class Lanes:
         if len(lane_keys) < 2:
             return  # one loader (one epoch) on this thread: nothing to take out
         if lane.view is None:
-            ended: dict[int, int] = {}  # wait end -> wait ns; a step's own record beats a mark
+            ends, lane_waits, marked = [], [], {}
             for block in lane.blocks:
                 if block[4]:
-                    ended.update(zip(block[1], block[2]))
-            for block in lane.blocks:
-                if not block[4]:
-                    ended.update(zip(block[1], block[2]))
-            ends_sorted = sorted(ended)
-            lane.view = (ends_sorted, list(accumulate(map(ended.__getitem__, ends_sorted))),
+                    marked.update(zip(block[1], block[2]))  # a wait marked in several cycles
+                else:
+                    ends += block[1]
+                    lane_waits += block[2]
+            recorded = set(ends)  # a mark's step came since: its record counts, not the mark
+            for end, wait in marked.items():
+                if end not in recorded:
+                    ends.append(end)
+                    lane_waits.append(wait)
+            pairs = sorted(zip(ends, lane_waits))
+            lane.view = (list(map(itemgetter(0), pairs)), list(accumulate(map(itemgetter(1), pairs))),
                          sorted(set(chain.from_iterable(map(itemgetter(3), lane.blocks)))))
         ends_sorted, cumulative, calls = lane.view
 
