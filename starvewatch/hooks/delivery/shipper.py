@@ -12,6 +12,7 @@ from ...logonce import RateLimitedLog
 from ...schema import EVENTS_SCHEMA
 from ..cuda import PENDING
 from ..record_layout import R_GPU, Segment, reads_steps, record_end, record_wait
+from .overlap import lane_of
 from .records import RecordBook
 from .transport import TransportError
 
@@ -45,6 +46,7 @@ class Shipper(threading.Thread):
         # Fast-path segments still running or not all taken, and records closed after a
         # cycle's horizon, in buffer order: the next cycle takes them first.
         self._carried: list = []
+        self._multi_lanes: set = set()  # threads with steps of several loaders (or epochs) last cycle
         self.shipped_records = 0
         self.errors: list[str] = []
 
@@ -132,20 +134,31 @@ class Shipper(threading.Thread):
         before: delivery subtracts them from the compute of the other loaders of that thread
         (overlap.py). The final cycle takes everything."""
         horizon = None if final else time.perf_counter_ns()
-        marks = [(horizon,), *self._open_waits()] if horizon is not None else []  # read after it
+        lanes, open_waits = self._live_lanes() if horizon is not None else ({}, [])  # read after it
         buffer = self.session.buffer
         items = buffer[:n]
         del buffer[:len(items)]
-        if not self._carried and not any(type(item) is Segment for item in items):
+        carried, self._carried = self._carried, []
+        if horizon is not None:
+            # Waits are marked on the threads where several loaders (or epochs) have steps:
+            # elsewhere no other loader's step can hold them.
+            for item in carried + items:
+                key = item.key if type(item) is Segment else item[0]
+                lanes.setdefault(lane_of(key), set()).add(key)
+            self._multi_lanes = {lane for lane, keys in lanes.items() if len(keys) > 1}
+        multi = self._multi_lanes if horizon is not None else set()
+        marks = [(horizon,)] if horizon is not None else []
+        marks += [wait + ("open",) for wait in open_waits if lane_of(wait[0]) in multi]
+        if not carried and not any(type(item) is Segment for item in items):
             if horizon is None or all(record_end(item) <= horizon for item in items):
                 return marks, items
         records: list[tuple] = []
-        carried, self._carried = self._carried, []
         for item in carried + items:  # carried ones first: older than anything taken now
             if type(item) is not Segment:
                 if horizon is not None and record_end(item) > horizon:
                     self._carried.append(item)  # closed after the horizon: next cycle
-                    marks.append(record_wait(item) + ("open",))
+                    if lane_of(item[0]) in multi:
+                        marks.append(record_wait(item) + ("open",))
                 else:
                     records.append(item)
                 continue
@@ -155,7 +168,7 @@ class Shipper(threading.Thread):
                 records += chunk
                 if not chunk or reads_steps(chunk[0]) < SEGMENT_TAKE_STEPS:
                     break
-            if horizon is not None:
+            if lane_of(item.key) in multi:
                 wait = item.wait_before(horizon)
                 if wait is not None:
                     marks.append(wait + ("open",))
@@ -167,16 +180,21 @@ class Shipper(threading.Thread):
                         owner.rotate(item)
         return marks, records
 
-    def _open_waits(self) -> list[tuple]:
-        """Marks of the steps in progress whose batch has come back. The iterators are held
-        only in here: one held past its loop's end would keep its last step open longer."""
-        marks = []
+    def _live_lanes(self) -> tuple[dict, list]:
+        """The keys of the live iterators per lane, and the waits of their steps in progress
+        whose batch has come back. The iterators are held only in here: one held past its
+        loop's end would keep its last step open longer."""
+        lanes, waits = {}, []
         for ref in list(self.session.live_iterators.data):  # the WeakSet's weak references
             it = ref()
-            wait = it.open_wait() if it is not None else None
+            if it is None:
+                continue
+            key = it._key
+            lanes.setdefault(lane_of(key), set()).add(key)
+            wait = it.open_wait()
             if wait is not None:
-                marks.append(wait + ("open",))
-        return marks
+                waits.append(wait)
+        return lanes, waits
 
     def _resolve_gpu(self, records: list[tuple], final: bool) -> list[tuple]:
         """Replace event tokens by GPU idle ns. A record whose events are still pending is held
@@ -236,7 +254,8 @@ class Shipper(threading.Thread):
                 if self._pending_gpu or (records and session.gpu_timer_if_any() is not None):
                     records = self._resolve_gpu(records, final and left <= 0)
                     # held back for their GPU events: their waits go now (overlap.py)
-                    marks += [record_wait(held) + ("open",) for _, held in self._pending_gpu]
+                    marks += [record_wait(held) + ("open",) for _, held in self._pending_gpu
+                              if lane_of(held[0]) in self._multi_lanes]
                 if marks:  # with the cycle's first chunk
                     records, marks = marks + records, []
                 if records:
