@@ -19,7 +19,7 @@ from time import thread_time_ns
 from .introspect import leading_dim
 # The records appended below are laid out as record_layout.py says (FAST_RECORD_LEN from the
 # fast path, FULL_RECORD_LEN from the general one): delivery reads them by those positions.
-from .record_layout import FAST_RECORD_LEN, FULL_RECORD_LEN, Segment  # noqa: F401
+from .record_layout import ENDED_KEYS, FAST_RECORD_LEN, FULL_RECORD_LEN, Segment  # noqa: F401
 
 
 class _ActiveStacks(threading.local):
@@ -293,7 +293,8 @@ class WatchedIterator:
             self._gpu.release(token)
 
     def _close_step(self, t_end: int) -> None:
-        wait = self._t_ret - self._t_call + self._extra_wait
+        startup = self._extra_wait
+        wait = self._t_ret - self._t_call + startup
         self._extra_wait = 0
         loop_ns = t_end - self._t_ret - self._excluded
         if self._step_used:
@@ -301,11 +302,16 @@ class WatchedIterator:
             other = loop_ns - compute if loop_ns > compute else 0
         else:
             compute, other = (loop_ns if loop_ns > 0 else 0), 0
+        spans = self._spans
+        # Delivery reads the step's return and end from start, wait, compute and other; when
+        # they cannot tell (start-up, nested epochs, a step() block longer than the step),
+        # the record says them (record_layout.py).
+        exact = None if spans is None and not startup and loop_ns == compute + other else (
+            spans, self._t_epoch, startup, t_end)
         buffer = self._buffer
         if len(buffer) < self._capacity:
             buffer.append((self._key, self._step, self._t_call, wait, compute, self._bs,
-                           other, self._token, self._phases, self._t_ret, t_end, self._spans,
-                           self._t_epoch))
+                           other, self._token, self._phases, exact))
         else:
             self._drop(wait, compute, other, self._token)
         self._step += 1
@@ -338,6 +344,7 @@ class WatchedIterator:
                 parent._spans = (parent._spans or ()) + ((self._t_epoch, t_end),)
                 parent.mark()
         self._parents = None
+        ENDED_KEYS.append(self._key)  # the shipper learns which threads had several loaders
         self._it = None  # never pin a finished inner iterator (it may hold worker processes)
         active = self._active
         if active and active[-1] is self._wref:

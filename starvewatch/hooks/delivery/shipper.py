@@ -11,7 +11,7 @@ import time
 from ...logonce import RateLimitedLog
 from ...schema import EVENTS_SCHEMA
 from ..cuda import PENDING
-from ..record_layout import R_GPU, Segment, reads_steps, record_end, record_wait
+from ..record_layout import ENDED_KEYS, R_GPU, Segment, reads_steps, record_end, record_wait
 from .overlap import lane_of
 from .records import RecordBook
 from .transport import TransportError
@@ -133,29 +133,23 @@ class Shipper(threading.Thread):
         every wait of a thread that ended before a shipped step closed is shipped with it or
         before: delivery subtracts them from the compute of the other loaders of that thread
         (overlap.py). The final cycle takes everything."""
-        horizon = None if final else time.perf_counter_ns()
-        lanes, open_waits = self._live_lanes() if horizon is not None else ({}, [])  # read after it
         buffer = self.session.buffer
+        before_horizon = len(buffer)  # appended before the horizon: closed before it
+        horizon = None if final else time.perf_counter_ns()
+        multi = self._multi_lanes = self._lanes_of_several(horizon is not None)  # read after it
+        marks = [(horizon,)] if horizon is not None else []
+        marks += [wait + ("open",) for wait in self._open_waits(multi)]
         items = buffer[:n]
         del buffer[:len(items)]
         carried, self._carried = self._carried, []
-        if horizon is not None:
-            # Waits are marked on the threads where several loaders (or epochs) have steps:
-            # elsewhere no other loader's step can hold them.
-            for item in carried + items:
-                key = item.key if type(item) is Segment else item[0]
-                lanes.setdefault(lane_of(key), set()).add(key)
-            self._multi_lanes = {lane for lane, keys in lanes.items() if len(keys) > 1}
-        multi = self._multi_lanes if horizon is not None else set()
-        marks = [(horizon,)] if horizon is not None else []
-        marks += [wait + ("open",) for wait in open_waits if lane_of(wait[0]) in multi]
         if not carried and not any(type(item) is Segment for item in items):
-            if horizon is None or all(record_end(item) <= horizon for item in items):
+            if horizon is None or all(record_end(item) <= horizon for item in items[before_horizon:]):
                 return marks, items
         records: list[tuple] = []
-        for item in carried + items:  # carried ones first: older than anything taken now
+        checked = len(carried) + (before_horizon if horizon is not None else len(items))
+        for position, item in enumerate(carried + items):  # carried ones first: older than anything taken now
             if type(item) is not Segment:
-                if horizon is not None and record_end(item) > horizon:
+                if position >= checked and horizon is not None and record_end(item) > horizon:
                     self._carried.append(item)  # closed after the horizon: next cycle
                     if lane_of(item[0]) in multi:
                         marks.append(record_wait(item) + ("open",))
@@ -168,7 +162,7 @@ class Shipper(threading.Thread):
                 records += chunk
                 if not chunk or reads_steps(chunk[0]) < SEGMENT_TAKE_STEPS:
                     break
-            if lane_of(item.key) in multi:
+            if multi and lane_of(item.key) in multi:
                 wait = item.wait_before(horizon)
                 if wait is not None:
                     marks.append(wait + ("open",))
@@ -180,21 +174,30 @@ class Shipper(threading.Thread):
                         owner.rotate(item)
         return marks, records
 
-    def _live_lanes(self) -> tuple[dict, list]:
-        """The keys of the live iterators per lane, and the waits of their steps in progress
-        whose batch has come back. The iterators are held only in here: one held past its
-        loop's end would keep its last step open longer."""
-        lanes, waits = {}, []
-        for ref in list(self.session.live_iterators.data):  # the WeakSet's weak references
-            it = ref()
-            if it is None:
-                continue
-            key = it._key
+    def _lanes_of_several(self, cycle: bool) -> set:
+        """The threads where several loaders (or epochs) have steps: those of the live
+        iterators and of the epochs ended since the last cycle. Waits are marked only there:
+        elsewhere no other loader's step can hold them."""
+        ended = ENDED_KEYS[:]
+        del ENDED_KEYS[:len(ended)]
+        if not cycle:
+            return set()
+        lanes: dict = {}
+        for key in ended + [it._key for it in self._live()]:
             lanes.setdefault(lane_of(key), set()).add(key)
-            wait = it.open_wait()
-            if wait is not None:
-                waits.append(wait)
-        return lanes, waits
+        return {lane for lane, keys in lanes.items() if len(keys) > 1}
+
+    def _live(self) -> list:
+        return [it for it in map(lambda ref: ref(), list(self.session.live_iterators.data)) if it is not None]
+
+    def _open_waits(self, multi: set) -> list[tuple]:
+        """The waits of the steps in progress on those threads whose batch has come back. The
+        iterators are held only in here: one held past its loop's end would keep its last step
+        open longer."""
+        if not multi:
+            return []
+        waits = [it.open_wait() for it in self._live() if lane_of(it._key) in multi]
+        return [wait for wait in waits if wait is not None]
 
     def _resolve_gpu(self, records: list[tuple], final: bool) -> list[tuple]:
         """Replace event tokens by GPU idle ns. A record whose events are still pending is held
