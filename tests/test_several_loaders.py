@@ -119,9 +119,12 @@ def test_main_and_auxiliary_loader_each_wait_is_its_own(memory_run, aux_workers)
     truth_steps = [calls[k + 1] - returns[k] for k in range(steps)]
     shipped = dict(zip(shipped_column(transport, "step", loader="main"),
                        shipped_column(transport, "compute_ns", loader="main")))
-    # (within 1 ms: where aux restarts, iter() and the end of its epoch run a little of our own
-    # code outside the clock reads, which counts as compute)
-    off = [(k, shipped[k], truth_steps[k]) for k in range(steps) if abs(shipped[k] - truth_steps[k]) > 1_000_000]
+    # Where aux restarts (steps 7, 14, 21), the time between its end, its iter() and its first
+    # next() is outside every wait (exception handling, our own bookkeeping, a preemption by
+    # the workers just spawned): compute by definition, aux's by this clock. Never less.
+    restarts = {7, 14, 21}
+    off = [(k, shipped[k], truth_steps[k]) for k in range(steps)
+           if not -300_000 < shipped[k] - truth_steps[k] < (5_000_000 if k in restarts else 1_000_000)]
     assert not off, off
 
 
