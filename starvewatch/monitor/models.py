@@ -63,6 +63,8 @@ class LoaderTotalsModel(Strict):
     dropped_records: NonNegInt = 0
     wait_probe_ns: NonNegInt = 0
     wait_probe_cpu_ns: NonNegInt = 0
+    other_loaders_wait_ns: NonNegInt = 0
+    shared_compute_ns: NonNegInt = 0
 
 
 def _bounded_extras(model: BaseModel) -> None:
