@@ -49,7 +49,6 @@ def run_id_for(name: str) -> str:
             log.warning("starvewatch: STARVEWATCH_RUN_ID %r is not a valid id (%s); using %r",
                         explicit[:80], id_problem(explicit), run_id)
         return run_id
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40].strip("-.") or "run"
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
     shared = None
     if elastic and elastic.lower() != "none":
@@ -58,8 +57,8 @@ def run_id_for(name: str) -> str:
         shared = f"master:{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     if shared is not None:
         shared += f":{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}:{name}"
-        return f"{safe}-{hashlib.sha1(shared.encode()).hexdigest()[:12]}"
-    return f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        return safe_id(name, hashlib.sha1(shared.encode()).hexdigest()[:12], prefix_chars=40)
+    return safe_id(name, f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}", prefix_chars=40)
 
 
 def _total_ram_bytes() -> int | None:
