@@ -10,7 +10,9 @@ import time
 
 
 # /dev/shm as the container sees it can be smaller than the tmpfs says (docker --shm-size).
-SHM_LIMIT_BYTES = int(os.environ.get("STARVEWATCH_SHM_LIMIT_BYTES", "0") or 0)
+from ..envvars import limit_bytes
+# Read here in the training process and in the sidecar; HookSettings says the console line.
+SHM_LIMIT_BYTES = limit_bytes("STARVEWATCH_SHM_LIMIT_BYTES", quiet=True)
 
 
 def _psutil():
