@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..cpus import cpu_limit
 from ..ids import id_problem, safe_id, safe_name
 from ..redact import redact_argv
 
@@ -85,6 +86,8 @@ def run_metadata(name: str, run_id: str) -> dict:
         # pipe a DataLoader worker forked at the same moment can hold open forever.
         "platform": f"{os.uname().sysname}-{os.uname().release}-{os.uname().machine}",
         "cpu_count": os.cpu_count(),
+        # Host cores beside the CPUs this process may use (affinity, cgroup quota).
+        **cpu_limit().as_metadata(),
         "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "ram_total_bytes": _total_ram_bytes(), "shm_total_bytes": _shm_bytes(),
         "torch": None, "cuda_devices": [], **rank_info(),
