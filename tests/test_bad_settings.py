@@ -22,6 +22,13 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 # apart, below).
 FREE_TEXT = {"STARVEWATCH_DIR", "STARVEWATCH_RUN_NAME", "STARVEWATCH_TOKEN"}
 BAD_VALUES = ["500ms", "-1", "yes please \u2603"]
+# Numbers, booleans and the URL: malformed for each of BAD_VALUES, so exactly one line each. A
+# variable added to the table later is held to "never raises, at most one line" until it is
+# listed here (a value may be malformed for it or not, and a kernel-only one is not read here).
+TYPED = {"STARVEWATCH_URL", "STARVEWATCH_AUTOSTART", "STARVEWATCH_DISABLED", "STARVEWATCH_QUIET",
+         "STARVEWATCH_STALL_MIN_S", "STARVEWATCH_STALL_FACTOR", "STARVEWATCH_HOST_INTERVAL_S",
+         "STARVEWATCH_GPU_INTERVAL_S", "STARVEWATCH_WORKER_MEMORY_INTERVAL_S", "STARVEWATCH_SHIP_INTERVAL_S",
+         "STARVEWATCH_GPU_EVENT_EVERY", "STARVEWATCH_SIDECAR", "STARVEWATCH_SHM_LIMIT_BYTES"}
 
 
 def documented_variables() -> list[str]:
@@ -38,7 +45,7 @@ def documented_variables() -> list[str]:
 def test_the_readme_table_is_read():
     names = documented_variables()
     assert {"STARVEWATCH_URL", "STARVEWATCH_STALL_FACTOR", "STARVEWATCH_SHM_LIMIT_BYTES"} <= set(names)
-    assert len(names) >= 16, names
+    assert TYPED | FREE_TEXT <= set(names), (TYPED | FREE_TEXT) - set(names)
 
 
 @pytest.fixture
@@ -73,8 +80,10 @@ def test_a_malformed_value_of_every_documented_variable_never_stops_training(nam
         assert summary is not None and summary["loaders"][0]["steps"] == 6, (name, value)
         if name in FREE_TEXT:
             assert said_now == [], said_now
-        else:
+        elif name in TYPED:
             assert len(said_now) == 1, (name, value, lines)
+        else:
+            assert len(said_now) <= 1, (name, value, lines)
         monkeypatch.delenv(name)
 
 
