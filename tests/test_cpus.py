@@ -31,14 +31,15 @@ CHILD = textwrap.dedent("""
     from starvewatch.cpus import CgroupCpuMeter, cpu_limit
     sys.stdin.readline()  # moved into the cgroup by now
     limit = cpu_limit()
-    meter = CgroupCpuMeter(limit)
     stat = limit.usage_files["v1_stat"]
+    meter = CgroupCpuMeter(limit)
+    def throttled():
+        return int(open(stat).read().split("nr_throttled ")[1].split()[0])
+    before = throttled()  # starting Python under a tenth of a CPU may have been throttled already
     deadline = time.monotonic() + 60
-    # Spin (twice what the quota allows) until the kernel has throttled the cgroup at least once.
-    while time.monotonic() < deadline:
+    # Spin (more than the quota allows) until the kernel has throttled the cgroup again.
+    while time.monotonic() < deadline and throttled() == before:
         sum(range(10000))
-        if "nr_throttled 0" not in open(stat).read():
-            break
     print(json.dumps({"limit": limit.as_metadata(), "version": limit.cgroup_version,
                       "quota_dir": limit.quota_dir, "usage": meter.sample()}))
 """)
