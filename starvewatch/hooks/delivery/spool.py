@@ -27,6 +27,9 @@ class Spool:
         self.dropped_payloads = 0
         self.dropped_records = 0
         self.vanished_records = 0  # in files the collector's sweep took: acknowledged
+        # Which files were counted so, and their records: a file the replay was sending when the
+        # sweep took it is acknowledged by the replay, and must not count twice (delivered()).
+        self._vanished: dict[str, int] = {}
         self._index: dict[str, tuple[int, int]] | None = None  # file name -> (bytes, records)
         # Whether files may be waiting: kept in memory, so a healthy delivery never lists the
         # directory (each syscall on the shipper thread costs the training thread a GIL switch).
@@ -60,7 +63,7 @@ class Spool:
         self._index = index
         names = {p.name for p in files}
         for name in [n for n in index if n not in names]:
-            self.vanished_records += index.pop(name)[1]
+            self._count_vanished(name, index.pop(name)[1])
         for path in files:
             if path.name not in index:
                 try:
@@ -124,7 +127,7 @@ class Spool:
             try:
                 path.unlink()
             except FileNotFoundError:  # swept meanwhile: the collector has it
-                self.vanished_records += records
+                self._count_vanished(path.name, records)
                 index.pop(path.name, None)
                 continue
             except OSError as exc:
@@ -143,6 +146,24 @@ class Spool:
         except OSError:  # already gone (the collector's sweep), or a read-only directory
             pass
         return entry[1] if entry else 0
+
+    def _count_vanished(self, name: str, records: int) -> None:
+        self.vanished_records += records
+        if len(self._vanished) >= 10_000:  # only the latest matter: a replay settles at once
+            self._vanished.clear()
+        self._vanished[name] = records
+
+    def delivered(self, path: Path) -> None:
+        """The replay sent this file and the collector acknowledged it (the caller counts its
+        records as acknowledged): it leaves the spool. When the collector's sweep took the file
+        meanwhile and a reconcile counted it as vanished, that count is taken back, so the
+        records are acknowledged once."""
+        if self._known().pop(path.name, None) is None:
+            self.vanished_records -= self._vanished.pop(path.name, 0)
+        try:
+            path.unlink()
+        except OSError:  # already gone (the collector's sweep), or a read-only directory
+            pass
 
     def forget(self, path: Path) -> int:
         """A file moved elsewhere (rejected/): out of the index; returns its records."""

@@ -360,9 +360,10 @@ class Delivery:
                 self._drop("spool_error", self.spool.remove(path))  # a torn file from a crash
                 continue
             records = _records_in(payload)
+            rejected = self._dropped.get("rejected", 0)
             if not self._try_send(payload, None, records, spooled=path):
                 return False
-            if path.exists():  # not moved to rejected/: delivered, it leaves the spool
-                self.spool.remove(path)
+            if self._dropped.get("rejected", 0) == rejected:  # not moved to rejected/: delivered
+                self.spool.delivered(path)
         self.spool.pending()  # refresh the hint (a batch may have been spooled meanwhile)
         return True
