@@ -49,11 +49,17 @@ def run_checks(directory: Path):
     from .defaults import DEFAULT_URL
     from .hooks.delivery.collector_link import probe
     from .hooks.delivery.transport import HttpTransport
+    from .envvars import collector_url, flag, token
     url = os.environ.get("STARVEWATCH_URL") or DEFAULT_URL
-    if url.lower() in ("off", "none", "0", "false"):
+    if url.strip().lower() in ("off", "none", "0", "false"):
         yield ("collector", True, "STARVEWATCH_URL=off: data stays in the spool", None)
         return
-    transport = HttpTransport(url, os.environ.get("STARVEWATCH_TOKEN"), timeout_s=3)
+    if collector_url(url) is None:
+        yield ("collector", False, f"STARVEWATCH_URL={url!r} is not an http(s) URL: data stays in the spool",
+               "write STARVEWATCH_URL=http://HOST:PORT (or off)")
+        return
+    url = collector_url(url)
+    transport = HttpTransport(url, token("STARVEWATCH_TOKEN"), timeout_s=3)
     found = probe(transport)
     transport.close()
     if found == "starvewatch":
@@ -62,6 +68,6 @@ def run_checks(directory: Path):
         yield ("collector", False, f"{url} answers but is not starvewatch",
                "free the port, or point STARVEWATCH_URL at another one (starvewatch serve --port N)")
     else:
-        autostart = os.environ.get("STARVEWATCH_AUTOSTART", "1") not in ("0", "false", "off")
+        autostart = flag("STARVEWATCH_AUTOSTART", True)
         yield ("collector", True, f"none at {url}" + ("; training will start one automatically" if autostart
                                                        else "; auto-start is off, data goes to the spool"), None)

@@ -42,12 +42,29 @@ def check_id(value: object) -> str:
     return value  # type: ignore[return-value]
 
 
-def safe_id(value: str) -> str:
-    """A valid id made from any string: unchanged when already valid, else its allowed
-    characters plus a short hash of the original, so two different inputs stay different."""
+def _ascii_slug(value: str) -> str:
+    """The id characters of `value`: accents folded to their base letter (NFKD: `î` -> `i`),
+    every other run of characters outside the id set one `-`."""
+    folded = unicodedata.normalize("NFKD", value).encode("ascii", "ignore").decode("ascii")
+    return re.sub(r"[^A-Za-z0-9_.:@+=~-]+", "-", folded).strip(".-")
+
+
+def safe_id(value: str, suffix: str | None = None, prefix_chars: int = ID_MAX_CHARS) -> str:
+    """The one function that makes an id (ASCII, the collector's ID_PATTERN) from any text.
+
+    Without `suffix`: `value` unchanged when already a valid id, else its ASCII slug plus a short
+    hash of the original, so two different inputs stay different (`entraînement` and
+    `entrainement` never share a directory). With `suffix` (already distinct per input, e.g. a
+    hash of the job or a timestamp and random part): `<slug of value, at most prefix_chars>-<suffix>`,
+    where the slug is `run` when nothing of `value` survives."""
+    if suffix is not None:
+        tail = _ascii_slug(suffix) or hashlib.sha1(suffix.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        room = max(1, min(prefix_chars, ID_MAX_CHARS - len(tail) - 1))
+        head = _ascii_slug(value)[:room].strip(".-") or "run"
+        return f"{head}-{tail}"[:ID_MAX_CHARS]
     if id_problem(value) is None:
         return value
-    kept = re.sub(r"[^A-Za-z0-9_.:@+=~-]+", "-", value).strip(".-")[:ID_MAX_CHARS - 13] or "run"
+    kept = _ascii_slug(value)[:ID_MAX_CHARS - 13].strip(".-") or "run"
     digest = hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{kept}-{digest}"
 

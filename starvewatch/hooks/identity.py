@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..cpus import cpu_limit
 from ..ids import id_problem, safe_id, safe_name
 from ..redact import redact_argv
 
@@ -49,8 +50,12 @@ def rank_info() -> dict:
         except ValueError:
             return default
     # LOCAL_WORLD_SIZE (torchrun): the ranks sharing this host's cores, for the diagnosis.
-    return {"rank": _int("RANK", 0), "world_size": _int("WORLD_SIZE", 1),
+    info = {"rank": _int("RANK", 0), "world_size": _int("WORLD_SIZE", 1),
             "local_rank": _int("LOCAL_RANK", 0), "local_world_size": _int("LOCAL_WORLD_SIZE", 0) or None}
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT") is not None:
+        # An elastic restart stays in the job's run: which attempt this process belongs to.
+        info["restart_count"] = _int("TORCHELASTIC_RESTART_COUNT", 0)
+    return info
 
 
 def run_id_for(name: str) -> str:
@@ -63,17 +68,84 @@ def run_id_for(name: str) -> str:
             log.warning("starvewatch: STARVEWATCH_RUN_ID %r is not a valid id (%s); using %r",
                         explicit[:80], id_problem(explicit), run_id)
         return run_id
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40].strip("-.") or "run"
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT") is not None:  # a torchrun (elastic agent) worker
+        job = _torchrun_job_run_id(name)
+        if job is not None:
+            return job
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
     shared = None
     if elastic and elastic.lower() != "none":
         shared = f"elastic:{elastic}"
     elif os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
         shared = f"master:{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        # Launchers other than torchrun (srun, mpirun): the job's own id keeps two jobs apart.
+        for job_var in ("SLURM_JOB_ID", "SLURM_STEP_ID", "OMPI_MCA_ess_base_jobid", "PBS_JOBID", "LSB_JOBID"):
+            if os.environ.get(job_var):
+                shared += f":{job_var}={os.environ[job_var]}"
     if shared is not None:
-        shared += f":{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}:{name}"
-        return f"{safe}-{hashlib.sha1(shared.encode()).hexdigest()[:12]}"
-    return f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        shared += f":{name}"
+        return safe_id(name, hashlib.sha1(shared.encode()).hexdigest()[:12], prefix_chars=40)
+    return _fresh_run_id(name)
+
+
+def _fresh_run_id(name: str) -> str:
+    return safe_id(name, f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}", prefix_chars=40)
+
+
+AGENT_STORE_TIMEOUT_S = 5.0
+RUN_ID_KEY = "starvewatch/run_id/"
+
+
+def _torchrun_job_run_id(name: str) -> str | None:
+    """One torchrun job, one run id, agreed before the first batch (it names the spool's
+    directory); a new invocation with the same master address and port gets a new one, and an
+    elastic restart keeps the job's (TORCHELASTIC_RESTART_COUNT is marked in the metadata).
+
+    - Across hosts: the agent's store (TORCHELASTIC_USE_AGENT_STORE=True, at MASTER_ADDR:
+      MASTER_PORT, the one torch.distributed's env:// init joins). It lives as long as the
+      agent of group rank 0, restarts included (static and c10d rendezvous keep it), so the
+      first worker to ask sets a fresh id there (compare-and-set) and every other worker of
+      the job, on any host, reads it.
+    - Without that store, on one host (GROUP_WORLD_SIZE 1): the agent process itself, the
+      workers' parent: its pid and start time (a new torchrun is a new process).
+    None where neither applies (several hosts without the agent store)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true":
+        agreed = _agree_in_agent_store(name)
+        if agreed is not None:
+            return agreed
+    if os.environ.get("GROUP_WORLD_SIZE", "1").strip() == "1":
+        agent = _agent_identity()
+        if agent is not None:
+            digest = hashlib.sha1(f"agent:{socket.gethostname()}:{agent}:{name}".encode()).hexdigest()[:12]
+            return safe_id(name, digest, prefix_chars=40)
+    return None
+
+
+def _agree_in_agent_store(name: str) -> str | None:
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    try:
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+        store = TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=AGENT_STORE_TIMEOUT_S))
+        key = RUN_ID_KEY + hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        agreed = store.compare_set(key, "", _fresh_run_id(name)).decode("utf-8")
+    except Exception as exc:  # no torch.distributed, the store gone or unreachable
+        log.warning("starvewatch: the torchrun agent's store at %s:%s did not answer (%s: %s); "
+                    "the run id comes from the job's environment", addr, port, type(exc).__name__, exc)
+        return None
+    return agreed if id_problem(agreed) is None else None
+
+
+def _agent_identity() -> str | None:
+    """The parent process (torchrun's agent): pid and start time in clock ticks since boot."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/stat", "rb") as f:
+            started = f.read().rsplit(b")", 1)[1].split()[19].decode()  # field 22, starttime
+    except (OSError, IndexError):
+        return None
+    return f"{ppid}:{started}"
 
 
 def _total_ram_bytes() -> int | None:
@@ -100,6 +172,8 @@ def run_metadata(name: str, run_id: str) -> dict:
         # pipe a DataLoader worker forked at the same moment can hold open forever.
         "platform": f"{os.uname().sysname}-{os.uname().release}-{os.uname().machine}",
         "cpu_count": os.cpu_count(),
+        # Host cores beside the CPUs this process may use (affinity, cgroup quota).
+        **cpu_limit().as_metadata(),
         "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "ram_total_bytes": _total_ram_bytes(), "shm_total_bytes": _shm_bytes(),
         "torch": None, "cuda_devices": [], **rank_info(),

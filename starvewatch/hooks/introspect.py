@@ -75,15 +75,20 @@ def shard_facts(dataset) -> dict:
 
 
 def leading_dim(batch) -> int | None:
-    """Samples in a batch when it is unambiguous: the leading dimension of its first tensor."""
-    for _ in range(3):  # batch, (x, y), {"x": ...}: a few levels at most
-        shape = getattr(batch, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) else None
-        if isinstance(batch, (list, tuple)) and batch:
-            batch = batch[0]
-        elif isinstance(batch, dict) and batch:
-            batch = next(iter(batch.values()))
-        else:
-            return None
+    """Samples in a batch when it is unambiguous: the leading dimension of its first tensor.
+    None for anything that cannot be read (a shape without a length, an unknown or symbolic
+    first dimension, a container whose access raises): the batch size is then not measured."""
+    try:
+        for _ in range(3):  # batch, (x, y), {"x": ...}: a few levels at most
+            shape = getattr(batch, "shape", None)
+            if shape is not None:
+                return int(shape[0]) if len(shape) else None
+            if isinstance(batch, (list, tuple)) and batch:
+                batch = batch[0]
+            elif isinstance(batch, dict) and batch:
+                batch = next(iter(batch.values()))
+            else:
+                return None
+    except Exception:  # what a user's batch type raises is not the loop's business
+        return None
     return None

@@ -10,7 +10,10 @@ import time
 
 
 # /dev/shm as the container sees it can be smaller than the tmpfs says (docker --shm-size).
-SHM_LIMIT_BYTES = int(os.environ.get("STARVEWATCH_SHM_LIMIT_BYTES", "0") or 0)
+from ..cpus import CgroupCpuMeter, cpu_limit
+from ..envvars import limit_bytes
+# Read here in the training process and in the sidecar; HookSettings says the console line.
+SHM_LIMIT_BYTES = limit_bytes("STARVEWATCH_SHM_LIMIT_BYTES", quiet=True)
 
 
 def _psutil():
@@ -39,6 +42,10 @@ class HostSampler:
         self._last = (time.monotonic(), psutil.swap_memory(), self._disk())
         self._cpu_last = self._cpu_times()
         self._children: dict[int, object] = {}
+        # The CPUs the training process may use; inside a quota, the cgroup's own counters say
+        # whether they are saturated (host percentages do not).
+        self.cpu_limit = cpu_limit(self.pid)
+        self._quota_meter = CgroupCpuMeter(self.cpu_limit) if self.cpu_limit.quota_cores else None
 
     def _disk(self):
         try:
@@ -102,6 +109,9 @@ class HostSampler:
             "disk_read_iops": (disk.read_count - disk0.read_count) / dt if disk and disk0 else None,
             "shm_used_bytes": shm_used, "shm_total_bytes": shm_total,
             "cpu_count": os.cpu_count(),
+            "usable_cores": self.cpu_limit.usable_cores,
+            "cpu_quota_cores": self.cpu_limit.quota_cores,
+            **(self._quota_meter.sample() if self._quota_meter is not None else {}),
         }
 
     def process_state(self, pid: int) -> dict:

@@ -7,13 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..defaults import DEFAULT_URL, OFF_VALUES, default_dir
-
-
-def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() not in {"0", "false", "no", "off", ""}
+from ..envvars import collector_url, flag, limit_bytes, number, token
 
 
 def _notebook_idle_s(default: float = 600.0) -> float:
@@ -54,6 +48,7 @@ class HookSettings:
     stall_median_factor: float = 20.0
     quiet: bool = False
     gpu_event_every: int = 4      # CUDA events on one step in this many, on average (hooks/cuda.py)
+    shm_limit_bytes: int = 0      # a container's /dev/shm limit (0: the tmpfs's own size)
     sidecar: bool = True          # system sampling in a separate process (see hooks/delivery/sidecar.py)
     notebook_idle_s: float = 600.0  # a notebook's run ends after this long without a step or a cell
 
@@ -63,22 +58,24 @@ class HookSettings:
         url_is_default = raw_url is None
         if raw_url is None:
             raw_url = DEFAULT_URL
-        resolved = None if raw_url.strip().lower() in OFF_VALUES else raw_url.rstrip("/")
+        # A malformed URL (bar `host:port`) is None: spool only, never an auto-started collector.
+        resolved = None if raw_url.strip().lower() in OFF_VALUES else collector_url(raw_url)
         return cls(
             dir=Path(dir) if dir is not None else default_dir(),
             url=resolved,
             url_is_default=url_is_default,
-            token=os.environ.get("STARVEWATCH_TOKEN") or None,
-            autostart=_flag("STARVEWATCH_AUTOSTART", True),
-            disabled=_flag("STARVEWATCH_DISABLED", False),
-            quiet=_flag("STARVEWATCH_QUIET", False),
-            sidecar=_flag("STARVEWATCH_SIDECAR", True),
-            ship_interval_s=float(os.environ.get("STARVEWATCH_SHIP_INTERVAL_S", 0.5)),
-            host_interval_s=float(os.environ.get("STARVEWATCH_HOST_INTERVAL_S", 0.5)),
-            gpu_interval_s=float(os.environ.get("STARVEWATCH_GPU_INTERVAL_S", 1.0)),
-            worker_memory_interval_s=float(os.environ.get("STARVEWATCH_WORKER_MEMORY_INTERVAL_S", 5.0)),
-            stall_min_s=float(os.environ.get("STARVEWATCH_STALL_MIN_S", 10.0)),
-            gpu_event_every=int(os.environ.get("STARVEWATCH_GPU_EVENT_EVERY", 4)),
-            stall_median_factor=float(os.environ.get("STARVEWATCH_STALL_FACTOR", 20.0)),
+            token=token("STARVEWATCH_TOKEN"),
+            autostart=flag("STARVEWATCH_AUTOSTART", True),
+            disabled=flag("STARVEWATCH_DISABLED", False),
+            quiet=flag("STARVEWATCH_QUIET", False),
+            sidecar=flag("STARVEWATCH_SIDECAR", True),
+            ship_interval_s=number("STARVEWATCH_SHIP_INTERVAL_S", 0.5),
+            host_interval_s=number("STARVEWATCH_HOST_INTERVAL_S", 0.5),
+            gpu_interval_s=number("STARVEWATCH_GPU_INTERVAL_S", 1.0),
+            worker_memory_interval_s=number("STARVEWATCH_WORKER_MEMORY_INTERVAL_S", 5.0),
+            stall_min_s=number("STARVEWATCH_STALL_MIN_S", 10.0),
+            gpu_event_every=number("STARVEWATCH_GPU_EVENT_EVERY", 4, minimum=1, above_minimum=False, integer=True),
+            stall_median_factor=number("STARVEWATCH_STALL_FACTOR", 20.0),
+            shm_limit_bytes=limit_bytes("STARVEWATCH_SHM_LIMIT_BYTES"),
             notebook_idle_s=_notebook_idle_s(),
         )

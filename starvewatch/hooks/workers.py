@@ -150,7 +150,7 @@ def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None 
             if position < HASHED_BATCHES and hasattr(self, "dataset_iter"):  # IterableDataset
                 _hash_batch(data, position)
             _record(perf_counter_ns() - t0, thread_time_ns() - c0,
-                    len(possibly_batched_index) if self.auto_collation else 1)
+                    _count(possibly_batched_index) if self.auto_collation else 1)
             return data
 
         fetch._starvewatch = True
@@ -196,18 +196,44 @@ def _hash_batch(data, position: int) -> None:
 _NO_INDICES = (0,) * MAX_INDICES
 
 
+def _count(indices) -> int:
+    """Samples in a batch's indices; 0 when they have no length (a generator from a custom
+    batch sampler): the sample count is then a measurement lost, never a failed fetch."""
+    try:
+        return len(indices)
+    except TypeError:
+        return 0
+
+
 def _fetching(t0_ns: int, indices) -> None:
-    """In the worker, per batch: which dataset indices it is loading, for a stall's report."""
+    """In the worker, per batch: which dataset indices it is loading, for a stall's report.
+    Any index container a batch sampler yields (a list, a set, a range, a tensor...): what
+    cannot be read as integers is recorded as "not index-based", never raised."""
     mapping = _ROW_VIEW[0]
-    head = indices[:MAX_INDICES]
-    if all(type(i) is int for i in head):  # an IterableDataset's fetcher gets None per sample
-        count = len(indices)
+    try:
+        head = indices[:MAX_INDICES]
+    except Exception:  # a set or another unsliceable container
+        head = _first_indices(indices)
+    if head is not None and all(type(i) is int for i in head):  # an IterableDataset's fetcher gets None per sample
+        count = _count(indices)
         head = tuple(head) + _NO_INDICES[len(head):]
     else:
         count, head = -1, _NO_INDICES
     struct.pack_into("<q", mapping, _CURRENT_AT + 16, count)
     INDICES.pack_into(mapping, _CURRENT_AT + 32, *head)
     struct.pack_into("<q", mapping, _CURRENT_AT, t0_ns or 1)
+
+
+def _first_indices(indices) -> tuple | None:
+    """The first MAX_INDICES of a sized container that cannot be sliced (a set); None for
+    anything else (iterating a generator here would take its items from the fetch)."""
+    if not hasattr(indices, "__len__"):
+        return None
+    try:
+        import itertools
+        return tuple(itertools.islice(iter(indices), MAX_INDICES))
+    except Exception:
+        return None
 
 
 def _nbytes(obj, depth: int = 0) -> int:

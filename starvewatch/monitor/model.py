@@ -14,8 +14,9 @@ Speed-ups are per sample: a change of batch size is judged by samples/s, not bat
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
+
+from ..cpus import usable_cores
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class Thresholds:
     cpu_busy_fraction_saturated: float = 0.15  # the same on a saturated host (CPU time is rationed)
     iowait_high_pct: float = 20.0         # kernel iowait that marks storage-bound reads
     cpu_saturated_pct: float = 90.0       # machine CPU busy: more workers cannot help
+    cgroup_throttled_pct: float = 50.0    # a CPU quota throttled in this share of its periods: saturated
     startup_share: float = 0.5            # epoch start-up share of all waiting: epoch_startup
     startup_min_ms: float = 20.0          # a first-batch wait this much over steady state is start-up
     bursty_p99_factor: float = 4.0        # p99 over 4x p50: waits come in bursts
@@ -90,7 +92,9 @@ class LoaderFacts:
         self.probe_cpu_fraction = (totals.wait_probe_cpu_ns / totals.wait_probe_ns
                                    if totals.wait_probe_ns > 10_000_000 else None)
         self.system = system or {}
-        cores = self.system.get("cpu_count") or os.cpu_count() or 1
+        # The CPUs the training process may use (affinity, cgroup quota: starvewatch/cpus.py), as
+        # its samplers read them; the host's count from hooks that predate them.
+        cores = self.system.get("usable_cores") or self.system.get("cpu_count") or usable_cores()
         self.ranks_per_host, self.ranks_per_host_source = ranks_per_host(run, part.get("ranks") or [0])
         self.cores = max(1, cores // self.ranks_per_host)
         info = (self.system.get("loaders") or {}).get(self.name) or {}
@@ -115,7 +119,14 @@ class LoaderFacts:
         self.loading_saturates_cores = bool(self.workers) and not self.workers_keep_up \
             and self.worker_cpu_fraction is not None \
             and self.worker_cpu_fraction * self.workers >= t.cpu_saturated_pct / 100 * self.cores
-        self.host_cpu_saturated = (self.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
+        # Inside a CPU quota the host's percentages say little (an idle 128-core host around a
+        # throttled 8-CPU container): the cgroup's own use of its quota and its throttling do.
+        quota_use, throttled = self.system.get("cgroup_cpu_pct_mean"), self.system.get("cgroup_throttled_pct_mean")
+        if quota_use is not None or throttled is not None:
+            self.host_cpu_saturated = (quota_use or 0) >= t.cpu_saturated_pct \
+                or (throttled or 0) >= t.cgroup_throttled_pct
+        else:
+            self.host_cpu_saturated = (self.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
         # Either way more CPU-bound workers cannot get more done.
         self.cores_saturated = self.host_cpu_saturated or self.loading_saturates_cores
         self.cpu_busy = self._cpu_busy(t)

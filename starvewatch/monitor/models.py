@@ -124,6 +124,10 @@ class Sample(Open):
     shm_used_bytes: Number | None = None
     shm_total_bytes: Number | None = None
     cpu_count: NonNegInt | None = None
+    usable_cores: NonNegInt | None = None
+    cpu_quota_cores: Number | None = None
+    cgroup_cpu_pct: Number | None = None
+    cgroup_throttled_pct: Number | None = None
     devices: list[Device] = Field(default_factory=list, max_length=1000)
 
 

@@ -49,6 +49,12 @@ def overview(events: list[tuple[str, dict]]) -> dict | None:
         "shm_used_min_bytes": _min(e.get("shm_used_bytes") for e in host),
         "shm_total_bytes": _max(e.get("shm_total_bytes") for e in host),
         "cpu_count": _max(e.get("cpu_count") for e in host),
+        # The CPUs the training process may use (starvewatch/cpus.py), and inside a CPU quota
+        # how much of it the cgroup used and in what share of periods it was throttled.
+        "usable_cores": _min(e.get("usable_cores") for e in host),
+        "cpu_quota_cores": _min(e.get("cpu_quota_cores") for e in host),
+        "cgroup_cpu_pct_mean": _rate_mean(host, "cgroup_cpu_pct"),
+        "cgroup_throttled_pct_mean": _rate_mean(host, "cgroup_throttled_pct"),
         "gpu_samples": len(gpu),
         "gpu_util_mean": _mean(d.get("gpu_util_pct") for d in devices),
         "gpu_mem_used_max_bytes": _max(d.get("mem_used_bytes") for d in devices),

@@ -8,6 +8,7 @@ import logging
 import threading
 from pathlib import Path
 
+from ..ids import safe_id
 from ..logonce import RateLimitedLog
 from .metrics import fleet_metrics
 
@@ -106,8 +107,8 @@ class TensorBoardWriter:
         for run, values in per_run.items():
             writer = self._writers.get(run)
             if writer is None:
-                safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in run)
-                writer = self._writers[run] = self._Writer(str(self.directory / safe))
+                # A stored run id is valid already; safe_id keeps it so, whatever reaches here.
+                writer = self._writers[run] = self._Writer(str(self.directory / safe_id(run)))
             for tag, step, value in values:
                 summary = self._Summary(value=[self._Summary.Value(tag=tag, simple_value=value)])
                 writer.add_event(self._Event(wall_time=now, step=step, summary=summary))

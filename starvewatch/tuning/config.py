@@ -60,10 +60,9 @@ class FactoryError(ValueError):
 
 
 def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """Affinity and cgroup CPU quota (starvewatch/cpus.py): what the trials' workers may use."""
+    from ..cpus import usable_cores as usable
+    return usable()
 
 
 def load_factory(spec: str):

@@ -11,8 +11,9 @@ class CollectorError(RuntimeError):
 
 def collector_url() -> str:
     from ..hooks.settings import DEFAULT_URL, OFF_VALUES
+    from ..envvars import collector_url as written
     url = os.environ.get("STARVEWATCH_URL") or DEFAULT_URL
-    return DEFAULT_URL if url.strip().lower() in OFF_VALUES else url
+    return DEFAULT_URL if url.strip().lower() in OFF_VALUES else (written(url) or DEFAULT_URL)
 
 
 class Collector:

@@ -12,6 +12,7 @@ import os
 import shutil
 import time
 
+from ..envvars import limit_bytes
 from .answer import CONSUMPTION_MARGIN, WITHIN_BEST, choose, rate
 from .config import LoaderConfig, build
 from .trial import TrialResult, run_trial
@@ -43,7 +44,7 @@ def free_memory() -> tuple[int, int | None]:
     except OSError:
         return ram, None
     free = shm.free
-    limit = int(os.environ.get("STARVEWATCH_SHM_LIMIT_BYTES", "0") or 0)
+    limit = limit_bytes("STARVEWATCH_SHM_LIMIT_BYTES")
     if limit:
         free = min(free, max(0, limit - shm.used))
     return ram, free

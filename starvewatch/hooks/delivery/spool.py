@@ -30,6 +30,9 @@ class Spool:
         self.dropped_records = 0
         self.vanished_records = 0  # in files the collector's sweep took: acknowledged
         self.set_aside_records = 0  # in files the sweep could not ingest and moved to rejected/
+        # Which files were counted so, and their records: a file the replay was sending when the
+        # sweep took it is acknowledged by the replay, and must not count twice (delivered()).
+        self._vanished: dict[str, int] = {}
         self._index: dict[str, tuple[int, int]] | None = None  # file name -> (bytes, records)
         # Whether files may be waiting: kept in memory, so a healthy delivery never lists the
         # directory (each syscall on the shipper thread costs the training thread a GIL switch).
@@ -89,7 +92,7 @@ class Spool:
             if os.path.exists(os.path.join(rejected_dir(self.directory), name)):
                 self.set_aside_records += records
             else:
-                self.vanished_records += records
+                self._count_vanished(name, records)
         for path in files:
             if path.name not in index:
                 try:
@@ -159,7 +162,7 @@ class Spool:
             try:
                 path.unlink()
             except FileNotFoundError:  # swept meanwhile: the collector has it
-                self.vanished_records += records
+                self._count_vanished(path.name, records)
                 index.pop(path.name, None)
                 continue
             except OSError as exc:
@@ -190,6 +193,21 @@ class Spool:
         listed = [p.name for p in self._files() or ()]
         names = {file_name(seq)} | {name for name in [*self._known(), *listed] if seq_of(name) == seq}
         return sum(self.remove(self.directory / name) for name in sorted(names))
+
+    def _count_vanished(self, name: str, records: int) -> None:
+        self.vanished_records += records
+        if len(self._vanished) >= 10_000:  # only the latest matter: a replay settles at once
+            self._vanished.clear()
+        self._vanished[name] = records
+
+    def delivered(self, path: Path) -> None:
+        """The replay sent this file and the collector acknowledged it (the caller counts its
+        records as acknowledged): it leaves the spool. When the collector's sweep took the file
+        meanwhile and a reconcile counted it as vanished, that count is taken back, so the
+        records are acknowledged once."""
+        if path.name not in self._known():
+            self.vanished_records -= self._vanished.pop(path.name, 0)
+        self.remove(path)
 
     def forget(self, path: Path) -> int:
         """A file moved elsewhere (rejected/): out of the index; returns its records."""

@@ -415,9 +415,10 @@ class Delivery:
                                      "trying again later", path, exc)
                 return False
             records = _records_in(payload)
+            rejected = self._dropped.get("rejected", 0)
             if not self._try_send(payload, None, records, spooled=path):
                 return False
-            if path.exists():  # not moved to rejected/: delivered, it leaves the spool
-                self.spool.remove(path)
+            if self._dropped.get("rejected", 0) == rejected:  # not moved to rejected/: delivered
+                self.spool.delivered(path)
         self.spool.pending()  # refresh the hint (a batch may have been spooled meanwhile)
         return True
