@@ -152,9 +152,10 @@ def register(app, get_query) -> None:
                   Input("runs-sort", "value"))
     async def refresh_runs(_tick, search, sort):
         runs = await run_in_threadpool(get_query().list_runs)
+        banner = views.storage_banner(await run_in_threadpool(get_query().storage_notes))
         if not runs:
-            return html.P("No runs yet: wrap a loader with starvewatch.watch(loader) and start training.")
-        return views.runs_table(runs, _text(search), _text(sort) or "started")
+            return [banner, html.P("No runs yet: wrap a loader with starvewatch.watch(loader) and start training.")]
+        return [banner, views.runs_table(runs, _text(search), _text(sort) or "started")]
 
     @app.callback(
         Output("run-title", "children"), Output("stall-banner-container", "children"),

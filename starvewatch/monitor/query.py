@@ -9,6 +9,7 @@ import time
 import orjson
 
 from .analysis import iso, summarize
+from .retention import RAW_WINDOW_STEPS, recent_notes, rolled_spans
 from .store import Store
 from .tuning import with_tuning
 
@@ -102,6 +103,9 @@ class Query:
         delivery = merge_accounts([stream_account(s) for s in streams])
         if delivery is not None:
             summary["delivery"] = delivery
+        rolled = rolled_spans(self.store.reader(), run_id)
+        if rolled:  # which spans only the rollups hold (storage budget, monitor/retention.py)
+            summary["rolled_up"] = [r for r in rolled if rank is None or r["rank"] == rank]
         return with_tuning(summary, self.store.latest_tuning(run_id))
 
     def worker_events(self, run_id: str, rank: int | None = None) -> list[dict]:
@@ -126,7 +130,7 @@ class Query:
         self._row(run_id)
         return self.store.latest_tuning(run_id)
 
-    STRAGGLER_ROWS = 100_000
+    STRAGGLER_ROWS = RAW_WINDOW_STEPS  # the storage budget keeps this many raw (retention.py)
 
     def _recent_step_ranges(self, run_id: str, ranks: int) -> list[tuple[int, int]]:
         """Rowid ranges of each rank's latest step records, about STRAGGLER_ROWS in all: a long
@@ -263,6 +267,11 @@ class Query:
             })
         return out
 
+    @cached(per_run=False)
+    def storage_notes(self) -> list[dict]:
+        """The latest runs the storage budget coarsened or deleted (the runs page's banner)."""
+        return recent_notes(self.store.reader())
+
     @cached(per_run=True)
     def detail(self, run_id: str) -> dict:
         meta = self.run_meta(run_id)
@@ -349,7 +358,8 @@ class Query:
         db = self.store.reader()
         total = db.execute("SELECT sum(steps) FROM rollups WHERE run_id = ? AND loader = ? AND rank = ?",
                            (run_id, loader, rank)).fetchone()[0] or 0
-        if total > self.RAW_STEP_SERIES_MAX:
+        folded = db.execute("SELECT 1 FROM rolled_spans WHERE run_id = ? AND rank = ?", (run_id, rank)).fetchone()
+        if total > self.RAW_STEP_SERIES_MAX or folded:
             return self._step_series_from_rollups(run_id, loader, rank, points)
         span = self.store.step_range(run_id)
         lo, hi, n = db.execute("SELECT min(rowid), max(rowid), count(*) FROM steps WHERE rowid BETWEEN ? AND ? "

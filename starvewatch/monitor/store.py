@@ -15,6 +15,7 @@ from pathlib import Path
 import orjson
 
 from ..stats import LoaderTotals, RecordStats
+from . import retention
 
 SCHEMA_VERSION = 1
 
@@ -64,15 +65,18 @@ CREATE INDEX IF NOT EXISTS tunings_run ON tunings(run_id, created_at);
 
 
 class Store:
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, max_db_bytes: int = retention.DEFAULT_MAX_DB_BYTES) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._write_lock = threading.Lock()
+        # Reentrant: the storage budget deletes runs (delete_run) from inside an ingest.
+        self._write_lock = threading.RLock()
+        retention.prepare_new_file(self.path)
         self._writer = self._connect()
         self._writer.executescript(DDL)
         self._migrate(self._writer)
         self._writer.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         self._writer.commit()
+        retention.migrate(self._writer, self.path)
         self._local = threading.local()
         self._stats_cache: dict[tuple[str, str, str], RecordStats] = {}
         self.ingested_records = 0
@@ -80,6 +84,7 @@ class Store:
         self.versions: dict[str, int] = defaultdict(int)
         self.version = 0
         self.deletions = 0  # a deletion is never answered from a stale cache
+        self.retention = retention.Retention(self, max_db_bytes)
 
     @staticmethod
     def _migrate(w: sqlite3.Connection) -> None:
@@ -153,6 +158,7 @@ class Store:
                 if isinstance(exc, orjson.JSONEncodeError):  # an integer past 64 bits in a free-form field
                     raise ValueError(f"batch cannot be stored: {exc}") from None
                 raise
+            self.retention.after_write()
         self.ingested_records += len(steps)
         self.versions[batch.run_id] += 1
         self.version += 1
@@ -239,7 +245,9 @@ class Store:
                        np.bincount(inverse, weights=gpu_known[sel], minlength=k).astype(np.int64),
                        wait_max, e_min, e_max)
             w.executemany(
-                "INSERT INTO rollups VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "INSERT INTO rollups (run_id, rank, loader, second, steps, wait_ns, compute_ns, other_ns, samples, "
+                "gpu_idle_ns, gpu_steps, wait_max_ns, epoch_min, epoch_max) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT(run_id, loader, rank, second) DO UPDATE SET steps = steps + excluded.steps, "
                 "wait_ns = wait_ns + excluded.wait_ns, compute_ns = compute_ns + excluded.compute_ns, "
                 "other_ns = other_ns + excluded.other_ns, samples = samples + excluded.samples, "
@@ -367,7 +375,8 @@ class Store:
                 for first, last in w.execute("SELECT first_rowid, last_rowid FROM step_blocks WHERE run_id = ?",
                                              (run_id,)).fetchall():
                     w.execute("DELETE FROM steps WHERE rowid BETWEEN ? AND ?", (first, last))
-                for table in ("step_blocks", "rollups", "phases", "events", "loaders", "streams", "tunings"):
+                for table in ("step_blocks", "rollups", "phases", "events", "loaders", "streams", "tunings",
+                              "rolled_spans", "step_exemplars"):
                     w.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
                 # `seen` stays: a late replay of a deleted run's batch must not resurrect it.
                 w.execute("COMMIT")
