@@ -163,6 +163,12 @@ class Retention:
             _errors.error("fold", "storage budget: folding old rows failed (%s); the database may pass "
                                   "its budget of %d bytes until it succeeds", exc, self.max_bytes)
 
+    def enforce_now(self) -> dict:
+        """enforce() from outside an ingest (tests, benchmarks, a lowered budget)."""
+        with self.store._write_lock:
+            self._reclaim()
+            return self.enforce()
+
     def enforce(self) -> dict:
         """Fold until the data is under LOW_WATER of the budget; returns what was done."""
         target = int(self.max_bytes * LOW_WATER)
@@ -404,8 +410,9 @@ class Retention:
                 done["rollups"] += self.coarsen(run_id, width)
             done["coarsened_runs"] += 1
             self._note(run_id, name, "coarsened",
-                       f"raw steps folded into rollups and rollups merged to {width} s buckets to keep the "
-                       f"database within {self.max_bytes} bytes; its straggler ranking is no longer computed")
+                       f"raw steps folded into rollups of {width} s buckets to keep the database within "
+                       f"{self.max_bytes} bytes: totals, percentiles and the verdict are kept, its straggler "
+                       f"ranking is no longer computed")
             return True
         return False
 
