@@ -135,13 +135,15 @@ class Query:
     def _recent_step_ranges(self, run_id: str, ranks: int) -> list[tuple[int, int]]:
         """Rowid ranges of each rank's latest step records, about STRAGGLER_ROWS in all: a long
         run is judged on its recent steps, so the answer costs the same at any length. Each
-        stored block holds one batch of one rank (its rank read from its first row)."""
+        stored block holds one batch of one rank (its rank read from its first row). A run's
+        blocks never overlap, so newest first is the index's order, read backwards: a run of
+        millions of blocks is not sorted for it."""
         quota = self.STRAGGLER_ROWS // max(1, ranks)
         taken: dict[int, int] = {}
         picked = []
         for first, last, rank in self.store.reader().execute(
                 "SELECT b.first_rowid, b.last_rowid, s.rank FROM step_blocks b JOIN steps s "
-                "ON s.rowid = b.first_rowid WHERE b.run_id = ? ORDER BY b.last_rowid DESC", (run_id,)):
+                "ON s.rowid = b.first_rowid WHERE b.run_id = ? ORDER BY b.first_rowid DESC", (run_id,)):
             if taken.get(rank, 0) < quota:
                 taken[rank] = taken.get(rank, 0) + last - first + 1
                 picked.append((first, last))

@@ -203,7 +203,7 @@ class Retention:
         start = None
         for first, last, rank in w.execute(
                 "SELECT b.first_rowid, b.last_rowid, s.rank FROM step_blocks b JOIN steps s "
-                "ON s.rowid = b.first_rowid WHERE b.run_id = ? ORDER BY b.last_rowid DESC", (run_id,)):
+                "ON s.rowid = b.first_rowid WHERE b.run_id = ? ORDER BY b.first_rowid DESC", (run_id,)):
             if taken.get(rank, 0) < quota:
                 taken[rank] = taken.get(rank, 0) + last - first + 1
                 start = first
@@ -222,8 +222,9 @@ class Retention:
                 limits[run_id] = start if keep_window else None
         if not limits:
             return False
-        # Rows to fold in this pass: about the excess, at ~64 bytes a row, in one transaction.
-        budget_rows = max(2000, excess_bytes // 64)
+        # Rows to fold in this pass: about the excess at ~64 bytes a row, and at most 1% of the
+        # budget: each transaction's pages pass through the WAL, which counts against the budget.
+        budget_rows = max(2000, min(excess_bytes, self.max_bytes // 100) // 64)
         blocks = []
         for run_id, limit in limits.items():
             sql = "SELECT rowid, first_rowid, last_rowid FROM step_blocks WHERE run_id = ?"

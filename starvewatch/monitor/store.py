@@ -259,9 +259,16 @@ class Store:
 
     def step_range(self, run_id: str) -> tuple[int, int] | None:
         """The rowids between which a run's step rows lie (interleaved with other runs')."""
-        lo, hi = self.reader().execute("SELECT min(first_rowid), max(last_rowid) FROM step_blocks "
-                                       "WHERE run_id = ?", (run_id,)).fetchone()
-        return None if lo is None else (lo, hi)
+        # Blocks of a run never overlap: the last one by first_rowid ends last (an index lookup,
+        # where max(last_rowid) would read every block of a long run).
+        db = self.reader()
+        first = db.execute("SELECT first_rowid FROM step_blocks WHERE run_id = ? ORDER BY first_rowid LIMIT 1",
+                           (run_id,)).fetchone()
+        if first is None:
+            return None
+        last = db.execute("SELECT last_rowid FROM step_blocks WHERE run_id = ? ORDER BY first_rowid DESC LIMIT 1",
+                          (run_id,)).fetchone()
+        return first[0], last[0]
 
     STEP_ROW_COLUMNS = ("rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
                         "batch_size", "gpu_idle_ns")
