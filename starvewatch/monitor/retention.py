@@ -45,6 +45,7 @@ MIN_BUCKETS = 1000
 # A tier keeps the latest span of a run at the finer resolution (live views zoom there).
 TIER_KEEP_RECENT_S = {60: 3600, 600: 86_400, 3600: 7 * 86_400, 86_400: 60 * 86_400}
 ENDED_AFTER_S = 3600        # a run silent this long counts as ended (may be coarsened or deleted)
+RETRY_AFTER_S = 30.0        # after a fold that could not get under the budget
 VACUUM_ON_MIGRATE_MAX_BYTES = 256 * 2**20  # an older file up to this size is VACUUMed once at open
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -132,6 +133,7 @@ class Retention:
         self.max_bytes = max_bytes
         self.raw_window_steps = RAW_WINDOW_STEPS if raw_window_steps is None else raw_window_steps
         self.folds = 0
+        self._retry_at = 0.0  # after a fold that could not get under the budget: not before this
         w = store._writer
         page = w.execute("PRAGMA page_size").fetchone()[0]
         # The WAL counts against the budget: checkpoint and truncate it at 1/50 of it.
@@ -153,7 +155,7 @@ class Retention:
     def after_write(self) -> None:
         """Called after each stored batch: a few stat() calls, and a fold when over budget. The
         batch is stored already: a failing fold (a full disk) is logged, and tried again later."""
-        if file_bytes(self.store.path) <= self.max_bytes:
+        if file_bytes(self.store.path) <= self.max_bytes or time.monotonic() < self._retry_at:
             return
         try:
             # Rewritten rows (statistics, rollups) leave free pages: give them back first.
@@ -182,8 +184,10 @@ class Retention:
                 break
         else:
             if self._reclaim() > self.max_bytes:
-                log.warning("database over its budget of %d bytes with only live runs left to fold "
-                            "(%d bytes): raise --max-db-size", self.max_bytes, self.used_bytes())
+                # Nothing left to fold but live runs' windows: try again in a while, say it once.
+                self._retry_at = time.monotonic() + RETRY_AFTER_S
+                _errors.error("over", "database over its budget of %d bytes with only live runs left to fold "
+                                      "(%d bytes): raise --max-db-size", self.max_bytes, self.used_bytes())
         return done
 
     def _reclaim(self) -> int:
