@@ -248,13 +248,21 @@ class Retention:
             phases = self._fold_phases(w, runs)
             done["phases"] += phases
             return phases > 0
+        # Adjacent blocks of one run (one ingest after another) are folded as one rowid range.
+        ranges: list[list] = []
+        for first, last, block_id, run_id in picked:
+            if ranges and ranges[-1][3] == run_id and ranges[-1][0] <= first == ranges[-1][1] + 1:
+                ranges[-1][1] = last
+            else:
+                ranges.append([first, last, None, run_id])
         w.execute("BEGIN IMMEDIATE")
         try:
             thresholds = {}
-            for first, last, block_id, run_id in picked:
+            room = [self.exemplar_limit_rows() - w.execute("SELECT count(*) FROM step_exemplars").fetchone()[0]]
+            for first, last, _, run_id in ranges:
                 if run_id not in thresholds:
                     thresholds[run_id] = self._exemplar_rules(w, run_id)
-                self._keep_exemplars(w, run_id, first, last, thresholds[run_id])
+                self._keep_exemplars(w, run_id, first, last, thresholds[run_id], room)
                 for rank, count, last_ns in w.execute(
                         "SELECT rank, count(*), max(start_ns) FROM steps WHERE rowid BETWEEN ? AND ? "
                         "AND run_id = ? GROUP BY rank", (first, last, run_id)).fetchall():
@@ -262,7 +270,7 @@ class Retention:
                               "UPDATE SET until_s = max(until_s, excluded.until_s), steps = steps + excluded.steps",
                               (run_id, rank, last_ns // 1_000_000_000 + 1, count))
                 w.execute("DELETE FROM steps WHERE rowid BETWEEN ? AND ? AND run_id = ?", (first, last, run_id))
-                w.execute("DELETE FROM step_blocks WHERE rowid = ?", (block_id,))
+            w.executemany("DELETE FROM step_blocks WHERE rowid = ?", [(block[2],) for block in picked])
             done["phases"] += self._fold_phases(w, list(thresholds), in_transaction=True)
             w.execute("COMMIT")
         except BaseException:
@@ -307,21 +315,25 @@ class Retention:
                 stalls.append((began - 5_000_000_000, int(ended) + 5_000_000_000))
         return {"slow": slow, "stalls": stalls}
 
-    def _keep_exemplars(self, w, run_id: str, first: int, last: int, rules: dict) -> None:
-        room = self.exemplar_limit_rows() - w.execute("SELECT count(*) FROM step_exemplars").fetchone()[0]
+    def _keep_exemplars(self, w, run_id: str, first: int, last: int, rules: dict, left: list[int]) -> None:
+        """Copy a range's exemplars, within the room `left[0]` (rows), which it decreases."""
+        room = left[0]
         if room <= 0:
             return
         columns = "run_id, rank, loader, epoch, step, start_ns, wait_ns, compute_ns, other_ns, batch_size, gpu_idle_ns"
         for lo, hi in rules["stalls"][:100]:
+            if room <= 0:
+                break
             room -= w.execute(f"INSERT INTO step_exemplars SELECT {columns}, 'stall' FROM steps WHERE rowid "
                               "BETWEEN ? AND ? AND run_id = ? AND start_ns BETWEEN ? AND ? LIMIT ?",
                               (first, last, run_id, lo, hi, max(0, room))).rowcount
         for loader, threshold in rules["slow"].items():
             if room <= 0:
-                return
+                break
             room -= w.execute(f"INSERT INTO step_exemplars SELECT {columns}, 'slowest' FROM steps WHERE rowid "
                               "BETWEEN ? AND ? AND run_id = ? AND loader = ? AND wait_ns >= ? AND wait_ns > 0 "
                               "ORDER BY wait_ns DESC LIMIT ?", (first, last, run_id, loader, threshold, room)).rowcount
+        left[0] = room
 
     # ---- stage 2: rollup tiers --------------------------------------------------------------
     def _runs_oldest_first(self, ended_only: bool = False) -> list[tuple[str, str]]:
