@@ -195,7 +195,7 @@ def cmd_serve(args) -> int:
     from .monitor.settings import CollectorSettings
     settings = CollectorSettings(host=args.host, port=args.port, dir=_dir(args), db=args.db,
                                  idle_exit_s=args.idle_exit, body_timeout_s=args.body_timeout,
-                                 lost_after_s=args.lost_after,
+                                 lost_after_s=args.lost_after, max_db_bytes=args.max_db_size,
                                  otlp_endpoint=args.otlp_endpoint,
                                  otlp_interval_s=args.otlp_interval, tensorboard_dir=args.tensorboard,
                                  tensorboard_interval_s=args.tensorboard_interval,
@@ -318,6 +318,14 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _db_size(text: str) -> int:
+    from .monitor.retention import parse_size
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="starvewatch", description="Live GPU-starvation monitor for PyTorch training.",
@@ -368,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--lost-after", type=_positive_seconds, default=60.0, metavar="SECONDS",
                        help="a run whose processes sent nothing for this long without finishing "
                             "(killed, crashed) is shown as lost (default 60)")
+    serve.add_argument("--max-db-size", type=_db_size, default=4 * 2**30, metavar="SIZE",
+                       help="storage budget of the database, its -wal and -shm files included: 500MB, 4GB "
+                            "(powers of ten), 512MiB, 4GiB (powers of two); past it the oldest raw rows are "
+                            "folded into rollups (default 4GiB)")
     serve.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 

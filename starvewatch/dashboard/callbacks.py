@@ -228,9 +228,14 @@ def register(app, get_query) -> None:
                   State("runs-digest", "data"))
     async def refresh_runs(_version, search, sort, status, verdict, _prev, _next, page, group, drawn):
         page = page_after({p.split(".")[0] for p in ctx.triggered_prop_ids}, page)
-        return await run_in_threadpool(lambda: runs_outputs(
+        outputs = await run_in_threadpool(lambda: runs_outputs(
             get_query().list_runs(), _text(search), _text(sort), _text(status), _text(verdict), page, drawn,
             _text(group)))
+        if outputs[0] is no_update:
+            return outputs
+        # Runs the storage budget coarsened or deleted (serve --max-db-size) head the list.
+        banner = views.storage_banner(await run_in_threadpool(get_query().storage_notes))
+        return (outputs[0] if banner is None else [banner, outputs[0]], *outputs[1:])
 
     @app.callback(
         Output("run-title", "children"), Output("stall-banner-container", "children"),

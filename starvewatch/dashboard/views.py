@@ -136,6 +136,15 @@ def runs_view(runs: list[dict], search: str | None = None, sort: str = "started"
             "shown": len(flat), "groups": len(groups)}
 
 
+def storage_banner(notes: list[dict]) -> html.Div | None:
+    """Runs the storage budget (serve --max-db-size) coarsened or deleted, latest first."""
+    if not notes:
+        return None
+    return html.Div([html.Div(f"Storage budget: run {n['name']} ({n['run_id']}) {n['action']} at "
+                              f"{(n['t'] or '')[:19].replace('T', ' ')} UTC: {n['detail']}") for n in notes],
+                    className="sw-banner", id="storage-banner")
+
+
 def stall_banner(summary: dict, status: str) -> html.Div | None:
     open_stalls = [s for s in summary.get("stalls") or [] if not s.get("ended_ns")]
     if status != "stalled" or not open_stalls:

@@ -99,7 +99,7 @@ def create_app(settings: CollectorSettings | None = None, *,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        store = Store(settings.db_path)
+        store = Store(settings.db_path, max_db_bytes=settings.max_db_bytes)
         query = Query(store, lost_after_s=settings.lost_after_s)
         importer = SpoolImporter(store, settings.dir / "spool")
         state.update(store=store, query=query, importer=importer, started=time.time(),
@@ -258,7 +258,8 @@ def create_app(settings: CollectorSettings | None = None, *,
         if format == "csv":
             # Streamed page by page: a 1M-step run never sits in memory.
             state["query"].detail(run_id)  # 404 before the 200 has gone out
-            return StreamingResponse(csv_chunks(run_id, state["store"].step_rows(run_id)),
+            from .retention import export_rows
+            return StreamingResponse(csv_chunks(run_id, export_rows(state["store"], run_id)),
                                      media_type=f"{media}; charset=utf-8", headers=headers)
         try:
             body = export_text(source, run_id, format)

@@ -12,7 +12,11 @@ from .markdown_text import md_block, md_code, md_text
 from .diagnosis import joint_changes_note
 
 CSV_COLUMNS = ("run", "rank", "loader", "epoch", "step", "start_ns", "wait_ms", "compute_ms", "other_ms",
-               "gpu_idle_ms", "batch_size")
+               "gpu_idle_ms", "batch_size", "kind", "bucket_s", "bucket_steps")
+# kind: "step" (one recorded step), "bucket" (a rolled-up span's bucket of bucket_steps steps over
+# bucket_s seconds: times are its totals, batch_size its samples) or "exemplar" (a slow step or
+# one near a stall kept raw inside a rolled-up span, also counted in its bucket). See
+# monitor/retention.py.
 
 
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -34,7 +38,8 @@ def _csv_row(run_id: str, s: dict) -> tuple:
     gpu = s.get("gpu_idle_ns")
     return (csv_cell(run_id), s["rank"], csv_cell(s["loader"]), s["epoch"], s["step"], s["start_ns"],
             s["wait_ns"] / 1e6, s["compute_ns"] / 1e6, s["other_ns"] / 1e6,
-            "" if gpu is None else gpu / 1e6, "" if s.get("batch_size") is None else s["batch_size"])
+            "" if gpu is None else gpu / 1e6, "" if s.get("batch_size") is None else s["batch_size"],
+            s.get("kind", "step"), s.get("bucket_s") or "", s.get("bucket_steps") or "")
 
 
 def write_csv(run_id: str, steps, out) -> int:
@@ -50,19 +55,26 @@ def write_csv(run_id: str, steps, out) -> int:
 
 def csv_chunks(run_id: str, row_batches):
     """The CSV export as UTF-8 chunks, one per batch of step rows (tuples of
-    Store.STEP_ROW_COLUMNS), for a streamed response: memory stays flat whatever the run's length."""
+    Store.STEP_ROW_COLUMNS, optionally followed by kind, bucket_s, bucket_steps: see
+    retention.export_rows), for a streamed response: memory stays flat whatever the run's length."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(CSV_COLUMNS)
     for rows in row_batches:
         shown_run = csv_cell(run_id)
-        writer.writerows((shown_run, rank, csv_cell(loader), epoch, step, start, wait / 1e6, compute / 1e6, other / 1e6,
-                          "" if gpu is None else gpu / 1e6, "" if size is None else size)
-                         for rank, loader, epoch, step, start, wait, compute, other, size, gpu in rows)
+        writer.writerows((shown_run, rank, csv_cell(loader), epoch, "" if step is None else step, start, wait / 1e6,
+                          compute / 1e6, other / 1e6, "" if gpu is None else gpu / 1e6,
+                          "" if size is None else size, *(_marks(extra)))
+                         for rank, loader, epoch, step, start, wait, compute, other, size, gpu, *extra in rows)
         yield buffer.getvalue().encode()
         buffer.seek(0)
         buffer.truncate()
     yield buffer.getvalue().encode()
+
+
+def _marks(extra) -> tuple:
+    kind, bucket_s, bucket_steps = extra if extra else ("step", None, None)
+    return kind, "" if bucket_s is None else bucket_s, "" if bucket_steps is None else bucket_steps
 
 
 def _pct(x) -> str:
@@ -143,6 +155,12 @@ def to_markdown(summary: dict) -> str:
     lines += markdown_lines(summary.get("stragglers"))
     from .tuning import markdown as tuning_markdown
     lines += tuning_markdown(summary.get("tuning"))
+    if summary.get("rolled_up"):
+        lines += ["", "## Rolled-up spans", "",
+                  "Past the storage budget, the oldest step records were folded into rollups: totals, "
+                  "percentiles and the verdict are unchanged; before these times each rank's steps are "
+                  "kept as buckets, not rows.", ""]
+        lines += [f"- rank {r['rank']}: {r['steps']} steps before {r['until']}" for r in summary["rolled_up"]]
     lines += ["", "## Loader configuration", ""]
     lines += config_table_lines(summary)
     return "\n".join(lines) + "\n"

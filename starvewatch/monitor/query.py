@@ -9,6 +9,7 @@ import time
 import orjson
 
 from .analysis import iso, summarize
+from .retention import RAW_WINDOW_STEPS, recent_notes, rolled_spans
 from .store import Store
 from .tuning import with_tuning
 
@@ -104,6 +105,9 @@ class Query:
             delivery = with_rejected_files(delivery, self.store.rejected_files(run_id), streams)
         if delivery is not None:
             summary["delivery"] = delivery
+        rolled = rolled_spans(self.store.reader(), run_id)
+        if rolled:  # which spans only the rollups hold (storage budget, monitor/retention.py)
+            summary["rolled_up"] = [r for r in rolled if rank is None or r["rank"] == rank]
         return with_tuning(summary, self.store.latest_tuning(run_id))
 
     def worker_events(self, run_id: str, rank: int | None = None) -> list[dict]:
@@ -128,18 +132,20 @@ class Query:
         self._row(run_id)
         return self.store.latest_tuning(run_id)
 
-    STRAGGLER_ROWS = 100_000
+    STRAGGLER_ROWS = RAW_WINDOW_STEPS  # the storage budget keeps this many raw (retention.py)
 
     def _recent_step_ranges(self, run_id: str, ranks: int) -> list[tuple[int, int]]:
         """Rowid ranges of each rank's latest step records, about STRAGGLER_ROWS in all: a long
         run is judged on its recent steps, so the answer costs the same at any length. Each
-        stored block holds one batch of one rank (its rank read from its first row)."""
+        stored block holds one batch of one rank (its rank read from its first row). A run's
+        blocks never overlap, so newest first is the index's order, read backwards: a run of
+        millions of blocks is not sorted for it."""
         quota = self.STRAGGLER_ROWS // max(1, ranks)
         taken: dict[int, int] = {}
         picked = []
         for first, last, rank in self.store.reader().execute(
                 "SELECT b.first_rowid, b.last_rowid, s.rank FROM step_blocks b JOIN steps s "
-                "ON s.rowid = b.first_rowid WHERE b.run_id = ? ORDER BY b.last_rowid DESC", (run_id,)):
+                "ON s.rowid = b.first_rowid WHERE b.run_id = ? ORDER BY b.first_rowid DESC", (run_id,)):
             if taken.get(rank, 0) < quota:
                 taken[rank] = taken.get(rank, 0) + last - first + 1
                 picked.append((first, last))
@@ -287,6 +293,11 @@ class Query:
                 "input_wait_fraction": fraction(sum(wait_total_ns(t) for t in totals), sum(loop_ns(t) for t in totals)),
                 "batches_per_s": sum(rates) or None, "steps": sum(t.steps for t in totals)}
 
+    @cached(per_run=False)
+    def storage_notes(self) -> list[dict]:
+        """The latest runs the storage budget coarsened or deleted (the runs page's banner)."""
+        return recent_notes(self.store.reader())
+
     @cached(per_run=True)
     def detail(self, run_id: str) -> dict:
         meta = self.run_meta(run_id)
@@ -374,7 +385,8 @@ class Query:
         db = self.store.reader()
         total = db.execute("SELECT sum(steps) FROM rollups WHERE run_id = ? AND loader = ? AND rank = ?",
                            (run_id, loader, rank)).fetchone()[0] or 0
-        if total > self.RAW_STEP_SERIES_MAX:
+        folded = db.execute("SELECT 1 FROM rolled_spans WHERE run_id = ? AND rank = ?", (run_id, rank)).fetchone()
+        if total > self.RAW_STEP_SERIES_MAX or folded:
             return self._step_series_from_rollups(run_id, loader, rank, points)
         span = self.store.step_range(run_id)
         lo, hi, n = db.execute("SELECT min(rowid), max(rowid), count(*) FROM steps WHERE rowid BETWEEN ? AND ? "

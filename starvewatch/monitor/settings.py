@@ -42,6 +42,7 @@ class CollectorSettings:
     otlp_interval_s: float = 15.0
     tensorboard_dir: Path | None = None  # write per-run scalars there (monitor/tensorboard.py)
     tensorboard_interval_s: float = 5.0
+    max_db_bytes: int = 4 * 2**30       # storage budget, -wal and -shm included (monitor/retention.py)
     pid_file_autostarted: bool | None = None  # set by `serve`: write the pid file for `stop`
     # Before the token is checked (monitor/connections.py, guard.py): what one connection may cost.
     min_body_bytes_per_s: float = 1024.0  # a body slower than this (after body_timeout_s) is cut

@@ -34,6 +34,8 @@ class LocalSource:
                 source.backup(store._writer)
             source.close()
             store._stats_cache.clear()
+            from .retention import migrate
+            migrate(store._writer, store.path, vacuum=False)  # a copy of an older database
         spool = Path(spool) if spool else (Path(directory) / "spool" if directory else None)
         if spool is not None and spool.is_dir():
             SpoolImporter(store, spool, delete=False, set_aside=False).scan()
@@ -49,11 +51,12 @@ class LocalSource:
         return self._call(self.query.detail, run_id)
 
     def steps(self, run_id: str):
-        after = 0
-        while after is not None:
-            page = self._call(self.query.steps_page, run_id, after=after, limit=20_000)
-            yield from page["steps"]
-            after = page["next_after"]
+        """Every step as a dict, rolled-up spans as their marked buckets (retention.export_rows)."""
+        from .retention import EXPORT_ROW_KEYS, export_rows
+        self._call(self.query.detail, run_id)
+        for rows in export_rows(self.store, run_id, 20_000):
+            for row in rows:
+                yield dict(zip(EXPORT_ROW_KEYS, row))
 
     def series(self, run_id: str, loader: str | None = None, points: int = 500) -> dict:
         return self._call(self.query.rollup_series, run_id, loader=loader, points=points)

@@ -18,6 +18,7 @@ import orjson
 from ..batch_parts import uncovered
 from ..private_files import FILE_MODE, make_private_dirs
 from ..stats import LoaderTotals, RecordStats
+from . import retention
 
 # 2: `seen` keeps record ranges [first, end) of each batch (batch_parts.py), not only (stream, seq);
 #    `rejected_files` counts the spool files that could not be ingested.
@@ -75,18 +76,21 @@ CREATE INDEX IF NOT EXISTS tunings_run ON tunings(run_id, created_at);
 
 
 class Store:
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, max_db_bytes: int = retention.DEFAULT_MAX_DB_BYTES) -> None:
         self.path = Path(path)
         make_private_dirs(self.path.parent)
         # Created owner-only before SQLite opens it: SQLite gives the WAL and shm files the
         # database's own mode.
         os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE))
-        self._write_lock = threading.Lock()
+        # Reentrant: the storage budget deletes runs (delete_run) from inside an ingest.
+        self._write_lock = threading.RLock()
+        retention.prepare_new_file(self.path)
         self._writer = self._connect()
         self._writer.executescript(DDL)
         self._migrate(self._writer)
         self._writer.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         self._writer.commit()
+        retention.migrate(self._writer, self.path)
         self._local = threading.local()
         self._stats_cache: dict[tuple[str, str, str], RecordStats] = {}
         self.ingested_records = 0
@@ -94,6 +98,7 @@ class Store:
         self.versions: dict[str, int] = defaultdict(int)
         self.version = 0
         self.deletions = 0  # a deletion is never answered from a stale cache
+        self.retention = retention.Retention(self, max_db_bytes)
 
     @staticmethod
     def _migrate(w: sqlite3.Connection) -> None:
@@ -184,6 +189,7 @@ class Store:
                 if isinstance(exc, orjson.JSONEncodeError):  # an integer past 64 bits in a free-form field
                     raise ValueError(f"batch cannot be stored: {exc}") from None
                 raise
+            self.retention.after_write()
         self.ingested_records += len(batch.steps)
         self.versions[batch.run_id] += 1
         self.version += 1
@@ -270,7 +276,9 @@ class Store:
                        np.bincount(inverse, weights=gpu_known[sel], minlength=k).astype(np.int64),
                        wait_max, e_min, e_max)
             w.executemany(
-                "INSERT INTO rollups VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "INSERT INTO rollups (run_id, rank, loader, second, steps, wait_ns, compute_ns, other_ns, samples, "
+                "gpu_idle_ns, gpu_steps, wait_max_ns, epoch_min, epoch_max) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT(run_id, loader, rank, second) DO UPDATE SET steps = steps + excluded.steps, "
                 "wait_ns = wait_ns + excluded.wait_ns, compute_ns = compute_ns + excluded.compute_ns, "
                 "other_ns = other_ns + excluded.other_ns, samples = samples + excluded.samples, "
@@ -306,9 +314,16 @@ class Store:
 
     def step_range(self, run_id: str) -> tuple[int, int] | None:
         """The rowids between which a run's step rows lie (interleaved with other runs')."""
-        lo, hi = self.reader().execute("SELECT min(first_rowid), max(last_rowid) FROM step_blocks "
-                                       "WHERE run_id = ?", (run_id,)).fetchone()
-        return None if lo is None else (lo, hi)
+        # Blocks of a run never overlap: the last one by first_rowid ends last (an index lookup,
+        # where max(last_rowid) would read every block of a long run).
+        db = self.reader()
+        first = db.execute("SELECT first_rowid FROM step_blocks WHERE run_id = ? ORDER BY first_rowid LIMIT 1",
+                           (run_id,)).fetchone()
+        if first is None:
+            return None
+        last = db.execute("SELECT last_rowid FROM step_blocks WHERE run_id = ? ORDER BY first_rowid DESC LIMIT 1",
+                          (run_id,)).fetchone()
+        return first[0], last[0]
 
     STEP_ROW_COLUMNS = ("rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
                         "batch_size", "gpu_idle_ns")
@@ -423,7 +438,7 @@ class Store:
                                              (run_id,)).fetchall():
                     w.execute("DELETE FROM steps WHERE rowid BETWEEN ? AND ?", (first, last))
                 for table in ("step_blocks", "rollups", "phases", "events", "loaders", "streams", "tunings",
-                              "rejected_files"):
+                              "rejected_files", "rolled_spans", "step_exemplars"):
                     w.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
                 # `seen` stays: a late replay of a deleted run's batch must not resurrect it.
                 w.execute("COMMIT")

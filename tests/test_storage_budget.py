@@ -1,0 +1,251 @@
+"""The storage budget (serve --max-db-size, monitor/retention.py), with budgets of a few MB so
+each test runs in seconds: folding keeps every answer, the CSV marks what was folded, the file
+keeps to its budget under sustained ingest, ended runs go oldest first with a log line and a
+banner, and a database written by the previous version opens and migrates."""
+import csv
+import io
+import json
+import logging
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from starvewatch.cli import build_parser
+from starvewatch.dashboard import views
+from starvewatch.monitor import retention
+from starvewatch.monitor.app import create_app
+from starvewatch.monitor.query import Query
+from starvewatch.monitor.settings import CollectorSettings
+from tests.conftest import wait_until
+from tests.test_collector_api import SECOND, batch, post
+
+DATA = Path(__file__).parent / "data"
+WINDOW = 4000  # raw steps kept per run (the straggler rule reads them), lowered from 100,000
+
+
+@pytest.fixture
+def small_window(monkeypatch):
+    monkeypatch.setattr(retention, "RAW_WINDOW_STEPS", WINDOW)
+    monkeypatch.setattr(Query, "STRAGGLER_ROWS", WINDOW)
+
+
+def app_client(tmp_path, max_db_bytes=retention.DEFAULT_MAX_DB_BYTES):
+    settings = CollectorSettings(dir=tmp_path, dashboard=False, spool_scan_s=60, lost_after_s=3600,
+                                 max_db_bytes=max_db_bytes)
+    return TestClient(create_app(settings), base_url="http://127.0.0.1")
+
+
+def two_rank_run(client, batches=12, n=5000, slow_steps=(), **kwargs):
+    """Rank 1 waits 3 ms more per step than rank 0 (a straggler); `slow_steps` of rank 0's
+    first batch wait 400 ms (they must stay raw as exemplars)."""
+    for i in range(batches):
+        for rank in (0, 1):
+            payload = batch(stream=f"host-{rank}-s", rank=rank, seq=i + 1, n=n, step0=i * n,
+                            wait_ns=2_000_000 + rank * 3_000_000,
+                            status="finished" if i == batches - 1 else "live", **kwargs)
+            if rank == 0 and i == 0:
+                for s in slow_steps:
+                    payload["steps"]["wait_ns"][s] = 400_000_000
+            assert post(client, payload).status_code == 200
+
+
+def csv_rows(client, run_id="run-a"):
+    response = client.get(f"/api/v1/runs/{run_id}/export?format=csv")
+    assert response.status_code == 200
+    return list(csv.DictReader(io.StringIO(response.text)))
+
+
+def fresh(client, path):
+    """A summary once it reflects the fold (it says which spans are rolled up)."""
+    return wait_until(lambda: (lambda s: s if "rolled_up" in s else None)(client.get(path).json()),
+                      timeout_s=10, what=f"{path} after the fold")
+
+
+def raw_step_rows(store):
+    return store.reader().execute("SELECT count(*) FROM steps").fetchone()[0]
+
+
+@pytest.mark.parametrize("text,size", [("500MB", 500 * 10**6), ("4GB", 4 * 10**9), ("512MiB", 512 * 2**20),
+                                       ("4GiB", 4 * 2**30), ("1.5 GB", 1_500_000_000), ("3000000", 3_000_000)])
+def test_sizes_parse_in_powers_of_ten_and_of_two(text, size):
+    assert retention.parse_size(text) == size
+    assert build_parser().parse_args(["serve", "--max-db-size", text]).max_db_size == size
+
+
+def test_a_bad_size_is_refused_with_a_clear_error(capsys):
+    for bad in ("4 gigs", "-5GB", "GB", "12XB", "10kB"):
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args(["serve", f"--max-db-size={bad}"])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--max-db-size" in err and repr(bad) in err
+        assert ("500MB" in err and "4GiB" in err) or "smallest database size" in err
+    assert build_parser().parse_args(["serve"]).max_db_size == 4 * 2**30
+
+
+def test_folding_keeps_summary_percentiles_verdict_and_stragglers(tmp_path, small_window):
+    with app_client(tmp_path) as client:
+        two_rank_run(client, slow_steps=(10, 20, 30))
+        store = client.app.state.store
+        before = client.get("/api/v1/runs/run-a/summary").json()
+        per_rank = [client.get(f"/api/v1/runs/run-a/summary?rank={r}").json() for r in (0, 1)]
+        series = client.get("/api/v1/runs/run-a/series?points=300").json()
+        assert before["stragglers"]["stragglers"], "the test needs a straggler to keep"
+        raw_before = raw_step_rows(store)
+        assert raw_before == 120_000
+
+        store.retention.max_bytes = retention.file_bytes(store.path) // 3
+        done = store.retention.enforce_now()
+        assert done["steps"] > 0 and raw_step_rows(store) < raw_before // 2
+        assert retention.file_bytes(store.path) <= store.retention.max_bytes
+
+        # Answers are cached for up to Query's MAX_STALENESS_S after a change: poll for the new one.
+        after = fresh(client, "/api/v1/runs/run-a/summary")
+        rolled = after.pop("rolled_up")
+        assert {r["rank"] for r in rolled} == {0, 1} and sum(r["steps"] for r in rolled) == done["steps"]
+        assert after == before  # totals, percentiles, verdict, recommendations, stragglers
+        for r in (0, 1):
+            answer = fresh(client, f"/api/v1/runs/run-a/summary?rank={r}")
+            assert [x["rank"] for x in answer.pop("rolled_up")] == [r]
+            assert answer == per_rank[r]
+        assert client.get("/api/v1/runs/run-a/series?points=300").json() == series
+        # The per-step chart of a folded run is drawn from the rollups: every step in a bucket.
+        drawn = client.get("/api/v1/runs/run-a/steps/series?loader=train&rank=0").json()
+        assert drawn["source"] == "rollups" and sum(p["count"] for p in drawn["points"]) == 60_000
+        assert max(p["wait_ms"][2] for p in drawn["points"]) == pytest.approx(400.0)
+
+
+def test_csv_export_emits_rolled_up_spans_as_marked_buckets(tmp_path, small_window):
+    with app_client(tmp_path) as client:
+        two_rank_run(client, slow_steps=(10, 20, 30))
+        store = client.app.state.store
+        store.retention.max_bytes = retention.file_bytes(store.path) // 3
+        store.retention.enforce_now()
+        rows = csv_rows(client)
+        summary = fresh(client, "/api/v1/runs/run-a/summary")
+        html_report = client.get("/api/v1/runs/run-a/export?format=html").text
+    kinds = {row["kind"] for row in rows}
+    assert kinds == {"bucket", "exemplar", "step"}
+    for rank, wait_ms in ((0, 2.0), (1, 5.0)):
+        mine = [row for row in rows if row["rank"] == str(rank)]
+        buckets = [row for row in mine if row["kind"] == "bucket"]
+        steps = [row for row in mine if row["kind"] == "step"]
+        assert buckets and all(row["step"] == "" and row["bucket_s"] == "1" for row in buckets)
+        assert all(row["bucket_s"] == row["bucket_steps"] == "" for row in steps)
+        # Every step once: as a row or inside a bucket, and the bucket times are totals.
+        assert sum(int(row["bucket_steps"]) for row in buckets) + len(steps) == 60_000
+        assert len({int(row["step"]) for row in steps}) == len(steps)
+        total_wait = sum(float(row["wait_ms"]) for row in buckets + steps)
+        slow_extra = 3 * (400.0 - 2.0) if rank == 0 else 0.0
+        assert total_wait == pytest.approx(60_000 * wait_ms + slow_extra, rel=1e-9)
+        assert sum(int(row["bucket_steps"]) for row in buckets) == next(
+            r["steps"] for r in summary["rolled_up"] if r["rank"] == rank)
+    exemplars = [row for row in rows if row["kind"] == "exemplar"]
+    assert {(row["rank"], row["step"], row["wait_ms"]) for row in exemplars} >= {
+        ("0", "10", "400.0"), ("0", "20", "400.0"), ("0", "30", "400.0")}
+    assert "Rolled-up spans" in html_report and "steps before" in html_report
+
+
+def test_the_file_stays_within_its_budget_under_sustained_ingest(tmp_path, small_window):
+    budget = 3_000_000
+    sizes = []
+    with app_client(tmp_path, max_db_bytes=budget) as client:
+        store = client.app.state.store
+        assert store._writer.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # INCREMENTAL
+        for i in range(40):  # 400,000 steps: ~26 MB of raw rows
+            for rank in (0, 1):
+                assert post(client, batch(stream=f"h-{rank}", rank=rank, seq=i + 1, n=5000, step0=i * 5000,
+                                          wait_ns=2_000_000 + rank * 1_000_000)).status_code == 200
+                sizes.append(retention.file_bytes(store.path))
+        assert store.retention.folds > 0
+        summary = client.get("/api/v1/runs/run-a/summary").json()
+        rows = csv_rows(client)
+    assert max(sizes) <= budget * 1.10, max(sizes)
+    assert summary["loaders"][0]["steps"] == 400_000
+    assert sum(int(r["bucket_steps"]) if r["kind"] == "bucket" else r["kind"] == "step" for r in rows) == 400_000
+
+
+def test_ended_runs_are_coarsened_then_deleted_oldest_first_with_a_log_line_and_a_banner(
+        tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(retention, "RAW_WINDOW_STEPS", 500)
+    monkeypatch.setattr(Query, "STRAGGLER_ROWS", 500)
+    with caplog.at_level(logging.WARNING, logger="starvewatch.retention"), \
+            app_client(tmp_path, max_db_bytes=1_000_000) as client:
+        store = client.app.state.store
+        # Each run: 6,000 steps one second apart, 6,000 per-second rollup rows (too short for
+        # the per-minute tier, which must leave 1,000 buckets: only deletion frees them).
+        for k in range(6):
+            for i in range(3):
+                assert post(client, batch(run_id=f"run-{k}", stream=f"s-{k}", seq=i + 1, n=2000, step0=i * 2000,
+                                          start_s=1_700_000_000 + k * 10_000, every_ns=SECOND,
+                                          status="finished" if i == 2 else "live")).status_code == 200
+            assert retention.file_bytes(store.path) <= 1_100_000
+        ids = [r["id"] for r in client.get("/api/v1/runs").json()["runs"]]
+        notes = retention.recent_notes(store.reader(), limit=100)
+        shown = Query(store).storage_notes()  # the banner's: the latest five
+        latest = client.get("/api/v1/runs/run-5/summary").json()
+    assert "run-0" not in ids and "run-5" in ids
+    assert latest["loaders"][0]["steps"] == 6000
+    actions = [(n["run_id"], n["action"]) for n in reversed(notes)]
+    assert ("run-0", "deleted") in actions
+    assert actions.index(("run-0", "coarsened")) < actions.index(("run-0", "deleted")) if (
+        "run-0", "coarsened") in actions else True
+    deleted = [run for run, action in actions if action == "deleted"]
+    assert deleted == sorted(deleted)  # oldest first
+    logged = [r.getMessage() for r in caplog.records if r.name == "starvewatch.retention"]
+    assert any("run-0" in line and "deleted" in line for line in logged)
+    assert shown == notes[:5]
+    banner = views.storage_banner(shown)
+    assert banner.id == "storage-banner" and shown[0]["run_id"] in str(banner.children)
+    assert "deleted" in str(banner.children)
+    assert views.storage_banner([]) is None
+
+
+def test_rollup_tiers_keep_totals_and_at_least_1000_buckets(tmp_path):
+    with app_client(tmp_path) as client:
+        store = client.app.state.store
+        for i in range(14):  # 70,000 steps one second apart: 70,000 per-second rollup rows
+            assert post(client, batch(seq=i + 1, n=5000, step0=i * 5000, every_ns=SECOND,
+                                      wait_ns=2_000_000 + (i % 3) * 1_000_000)).status_code == 200
+        before = client.get("/api/v1/runs/run-a/series?points=1000").json()
+        assert store.retention.allowed_width_s("run-a") == 60
+        with store._write_lock:
+            merged = store.retention.coarsen("run-a", 60)
+        assert merged == 70_000
+        rows = store.reader().execute("SELECT count(*), min(span_s), max(span_s) FROM rollups").fetchone()
+        assert tuple(rows) == (1167, 60, 60)
+        after = client.get("/api/v1/runs/run-a/series?points=1000").json()
+    assert len(after["points"]) >= 1000
+    for key in ("steps",):
+        assert sum(p[key] for p in after["points"]) == sum(p[key] for p in before["points"]) == 70_000
+    assert max(p["wait_ms_max"] for p in after["points"]) == max(p["wait_ms_max"] for p in before["points"])
+    total = sum(p["wait_ms_mean"] * p["steps"] for p in after["points"])
+    assert total == pytest.approx(sum(p["wait_ms_mean"] * p["steps"] for p in before["points"]), rel=1e-9)
+
+
+def test_a_database_written_by_the_previous_version_opens_and_migrates(tmp_path):
+    shutil.copy(DATA / "main-schema-v1.db", tmp_path / "starvewatch.db")
+    expected = json.loads((DATA / "main-schema-v1.summary.json").read_text())["summary"]
+    old = sqlite3.connect(tmp_path / "starvewatch.db")
+    assert old.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
+    assert "span_s" not in {r[1] for r in old.execute("PRAGMA table_info(rollups)")}
+    old.close()
+    with app_client(tmp_path) as client:
+        store = client.app.state.store
+        assert store._writer.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # converted by one VACUUM
+        assert "span_s" in {r[1] for r in store._writer.execute("PRAGMA table_info(rollups)")}
+        assert client.get("/api/v1/runs/old-run/summary").json() == expected
+        rows = csv_rows(client, "old-run")
+        assert len(rows) == 6000 and {r["kind"] for r in rows} == {"step"}
+        # It takes new data and folds like a new one.
+        assert post(client, batch(run_id="new-run", n=3000)).status_code == 200
+        store.retention.max_bytes = retention.file_bytes(store.path) // 2
+        store.retention.raw_window_steps = 500
+        store.retention.enforce_now()
+        assert retention.file_bytes(store.path) <= store.retention.max_bytes
+        rows = csv_rows(client, "old-run")
+        assert "bucket" in {r["kind"] for r in rows}
+        assert sum(int(r["bucket_steps"]) if r["kind"] == "bucket" else r["kind"] == "step" for r in rows) == 6000
