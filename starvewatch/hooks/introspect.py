@@ -48,6 +48,8 @@ def dataloader_config(loader) -> dict:
     }
     if hasattr(loader, "in_order"):  # torch >= 2.6
         config["in_order"] = bool(loader.in_order)
+    if isinstance(getattr(loader, "snapshot_every_n_steps", None), int):  # torchdata's StatefulDataLoader
+        config["snapshot_every_n_steps"] = loader.snapshot_every_n_steps
     config.update(shard_facts(loader.dataset))
     return config
 

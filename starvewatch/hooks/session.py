@@ -292,6 +292,9 @@ def watch(loader, name: str | None = None):
                 from .workers import attach
                 state.board = attach(loader, str(session.stack_dir))
             loader.__class__ = watched_dataloader_class(type(loader), state)
+            if state.board is not None:  # a StatefulDataLoader's checkpoint interval (snapshots.py)
+                from .snapshots import count_checkpoints
+                count_checkpoints(type(loader), state.board.checkpoints)
             return loader
         state = session.loaders.get(name) or session.add_loader(name, None, None, type(loader).__name__)
     cls = WatchedIteratorProxy if hasattr(loader, "__next__") else WatchedIterable
