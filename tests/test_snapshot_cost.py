@@ -87,7 +87,9 @@ def test_an_expensive_snapshot_every_step_is_found_with_its_cost_and_the_checkpo
     assert detail["snapshot_cost_fraction"] > 0.02
     # Truth from outside: what the loop itself saved by snapshotting at its checkpoints only.
     assert measured_saving_ms > 0.02 * at_checkpoints_ms
-    assert 0.4 * measured_saving_ms < detail["saving_ms_per_step"] < 2.5 * measured_saving_ms, (
+    # The finding's figure is CPU time, a lower bound of what the loop loses (more on a host short
+    # of cores, as this shared one is): never above the loop's own saving, and of its order.
+    assert 0.2 * measured_saving_ms < detail["saving_ms_per_step"] < 1.5 * measured_saving_ms, (
         detail, every_step_ms, at_checkpoints_ms)
     assert "snapshot" in finding_line(finding)
 

@@ -5,7 +5,8 @@ With `snapshot_every_n_steps=n`, every n-th batch a worker also builds its state
 `state_dict()`), diffs it against the previous one, and the diff travels with the batch through
 the workers' queue (pickled there, unpickled in the training process). At torchdata's default,
 n=1, that is every batch. In the worker, both torchdata functions that do it are timed (one
-clock read each, per snapshot); every SAMPLE_EVERY-th snapshot is also pickled and unpickled
+CPU-clock read each, per snapshot: CPU time, so that a worker descheduled on a busy host does
+not count the wait as snapshot work); every SAMPLE_EVERY-th snapshot is also pickled and unpickled
 here to measure what the queue's trip costs: the worker's pickling is added to each snapshot's
 time, the unpickling is the training process's share (it happens in its next()).
 
@@ -19,7 +20,7 @@ import pickle
 import statistics
 import sys
 from collections import deque
-from time import perf_counter_ns
+from time import thread_time_ns
 
 SAMPLE_EVERY = 16  # snapshots: the first and every 16th also pickled and unpickled once
 _INTERVALS_KEPT = 64
@@ -52,7 +53,7 @@ def time_worker_snapshots(record) -> bool:
 
     def make_state_dict(*args, _original=make, **kwargs):
         global _started_ns
-        _started_ns = perf_counter_ns()
+        _started_ns = thread_time_ns()
         return _original(*args, **kwargs)
 
     def generate_delta(self, new_state_dict, _original=delta):
@@ -71,14 +72,14 @@ def _snapshot_done(delta) -> None:
     started, _started_ns = _started_ns, 0
     if not started or _record is None:
         return
-    built_ns = perf_counter_ns() - started
+    built_ns = thread_time_ns() - started
     try:
         if not _count % SAMPLE_EVERY:
-            t0 = perf_counter_ns()
+            t0 = thread_time_ns()
             blob = pickle.dumps(delta, protocol=pickle.HIGHEST_PROTOCOL)
-            t1 = perf_counter_ns()
+            t1 = thread_time_ns()
             pickle.loads(blob)
-            _pickle_ns, _load_ns, _bytes = t1 - t0, perf_counter_ns() - t1, len(blob)
+            _pickle_ns, _load_ns, _bytes = t1 - t0, thread_time_ns() - t1, len(blob)
         _count += 1
         _record(built_ns + _pickle_ns, _load_ns, _bytes)
     except Exception:  # a state that does not pickle here: the snapshot is still counted

@@ -387,7 +387,8 @@ def _snapshot_cost(event: dict, step_ms: float) -> dict | None:
     """One rank's snapshot cost per step from its workers' telemetry (hooks/snapshots.py): the
     training process unpickles each snapshot in its next() (serial: all of it is on the step);
     the workers build and pickle them in parallel (their share of a step: divided by the
-    workers serving)."""
+    workers serving). CPU time, so a lower bound: on a host short of cores the workers' share
+    is not parallel and the step loses more (the tuner's trials measure that)."""
     workers = event.get("workers") or []
     batches = sum(int(w.get("batches") or 0) for w in workers)
     taking = [w for w in workers if w.get("snapshots")]
@@ -434,7 +435,7 @@ def snapshot_findings(worker_events: list[dict], configs: dict[str, dict | None]
         if interval:
             fix = (f"StatefulDataLoader(..., snapshot_every_n_steps={interval}): the loop calls state_dict() "
                    f"every {interval} steps, and a snapshot taken between two checkpoints is never used "
-                   f"(a state_dict() between snapshots replays the steps since the last one). Saves about "
+                   f"(a state_dict() between snapshots replays the steps since the last one). Saves at least "
                    f"{saving_ms:.2f} ms per step.")
         else:
             fix = ("StatefulDataLoader(..., snapshot_every_n_steps=N) with N your checkpoint interval in steps "
@@ -444,8 +445,8 @@ def snapshot_findings(worker_events: list[dict], configs: dict[str, dict | None]
         out.append({
             "kind": "snapshot_cost", "loader": loader,
             "severity": "critical" if cost["fraction"] > 0.25 else "warning",
-            "title": (f"'{loader}' (StatefulDataLoader, snapshot_every_n_steps={every}) spends about "
-                      f"{cost['cost_ms']:.2f} ms per step ({100 * cost['fraction']:.0f}% of the "
+            "title": (f"'{loader}' (StatefulDataLoader, snapshot_every_n_steps={every}) spends at least "
+                      f"{cost['cost_ms']:.2f} ms of CPU time per step ({100 * cost['fraction']:.0f}% of the "
                       f"{step_ms:.1f} ms step) snapshotting its workers' state "
                       f"({cost['snapshot_bytes'] / 2**10:,.0f} KiB each) and sending it with the batches"),
             "detail": {"snapshot_every_n_steps": every, "snapshot_cost_ms_per_step": cost["cost_ms"],
