@@ -13,7 +13,11 @@ import torch
 from torch.utils.data import Dataset
 
 import starvewatch
-from starvewatch.monitor.findings import finding_line
+from starvewatch.dashboard import answer
+from starvewatch.hooks.report import format_report
+from starvewatch.monitor.export import render_html, to_markdown
+from tests.conftest import wait_until
+from tests.test_dashboard_views import _text
 
 torchdata_loader = pytest.importorskip("torchdata.stateful_dataloader")
 N = 192
@@ -91,7 +95,13 @@ def test_an_expensive_snapshot_every_step_is_found_with_its_cost_and_the_checkpo
     # of cores, as this shared one is): never above the loop's own saving, and of its order.
     assert 0.2 * measured_saving_ms < detail["saving_ms_per_step"] < 1.5 * measured_saving_ms, (
         detail, every_step_ms, at_checkpoints_ms)
-    assert "snapshot" in finding_line(finding)
+    # Where users read it: the console line, the exports, the dashboard's findings card.
+    assert any(line.startswith("  !! stateful: [") and "snapshot_every_n_steps=1" in line
+               for line in format_report(summary).splitlines())
+    assert f"snapshot_every_n_steps={CHECKPOINT_EVERY}" in to_markdown(summary)
+    assert "snapshotting its workers" in render_html(summary, {}, {}, [])
+    card = _text(answer.findings_card(summary))
+    assert finding["title"] in card and "snapshot cost per step" in card
 
 
 def test_a_small_state_at_the_default_is_not_flagged():
@@ -130,3 +140,19 @@ def test_state_dict_still_resumes_through_the_watched_loader_and_is_counted():
     assert len(first) + len(rest_watched) == N // BATCH
     assert type(watched).state_dict.__doc__ == torchdata_loader.StatefulDataLoader.state_dict.__doc__
     assert watched.__class__._starvewatch_state.board.checkpoints.calls == 1
+
+
+def test_the_collector_finds_it_from_the_same_telemetry(collector, monkeypatch):
+    c = collector()
+    monkeypatch.setenv("STARVEWATCH_URL", c.url)
+    monkeypatch.setenv("STARVEWATCH_RUN_ID", "snapshots")
+    watched = starvewatch.watch(loader(150_000, 1), "stateful")
+    ms_per_step(watched)
+    local = snapshot_findings(starvewatch.finish(quiet=True))
+    wait_until(lambda: c.get("/api/v1/runs/snapshots")["run"]["status"] == "finished", what="run finished")
+    [served] = snapshot_findings(c.get("/api/v1/runs/snapshots/summary"))
+    assert [f["detail"]["checkpoint_interval_steps"] for f in local] == [CHECKPOINT_EVERY]
+    assert served["detail"]["checkpoint_interval_steps"] == CHECKPOINT_EVERY
+    assert served["detail"]["snapshots"] == local[0]["detail"]["snapshots"] == N // BATCH
+    assert served["detail"]["snapshot_cost_ms_per_step"] == pytest.approx(
+        local[0]["detail"]["snapshot_cost_ms_per_step"], rel=0.05)
