@@ -30,16 +30,17 @@ class Counted(Dataset):
     """A map-style dataset whose state_dict() carries `state_items` integers that change with
     every sample read (what a dataset that keeps a buffer or a visit list in its state does)."""
 
-    def __init__(self, state_items: int) -> None:
+    def __init__(self, state_items: int, item_s: float = 0.0005) -> None:
         self.seen = list(range(state_items))
         self.reads = 0
+        self.item_s = item_s
 
     def __len__(self) -> int:
         return N
 
     def __getitem__(self, index: int):
         self.reads += 1
-        time.sleep(0.0005)
+        time.sleep(self.item_s)
         return torch.tensor([index])
 
     def state_dict(self) -> dict:
@@ -49,8 +50,8 @@ class Counted(Dataset):
         self.reads = state["reads"]
 
 
-def loader(state_items: int, every: int):
-    return torchdata_loader.StatefulDataLoader(Counted(state_items), batch_size=BATCH, num_workers=2,
+def loader(state_items: int, every: int, item_s: float = 0.0005):
+    return torchdata_loader.StatefulDataLoader(Counted(state_items, item_s), batch_size=BATCH, num_workers=2,
                                                snapshot_every_n_steps=every)
 
 
@@ -156,3 +157,28 @@ def test_the_collector_finds_it_from_the_same_telemetry(collector, monkeypatch):
     assert served["detail"]["snapshots"] == local[0]["detail"]["snapshots"] == N // BATCH
     assert served["detail"]["snapshot_cost_ms_per_step"] == pytest.approx(
         local[0]["detail"]["snapshot_cost_ms_per_step"], rel=0.05)
+
+
+def test_the_tuner_tries_snapshotting_at_the_checkpoint_interval():
+    from starvewatch.tuning import tune
+    from starvewatch.tuning.answer import snippet
+    result = tune(loader(150_000, 1), budget_s=15, out=False, checkpoint_every=CHECKPOINT_EVERY)
+    # The first trial snapshotting at the checkpoint interval is the comparison: the best
+    # configuration with workers, measured again with snapshot_every_n_steps at the interval.
+    sparse = next((t for t in result.trials if t.config.snapshot_every_n_steps == CHECKPOINT_EVERY), None)
+    assert sparse is not None and sparse.usable, [t.config.label() for t in result.trials]
+    same = next(t for t in result.trials if t.config == sparse.config.replace(snapshot_every_n_steps=None))
+    assert same.usable and same.config.num_workers > 0
+    # The StatefulDataLoader rebuilt as one: snapshotting at every batch costs more.
+    assert sparse.batches_per_s > same.batches_per_s, (sparse.batches_per_s, same.batches_per_s)
+    assert any(f"snapshot_every_n_steps={CHECKPOINT_EVERY} (the checkpoint interval)" in n for n in result.notes)
+    assert snippet(sparse.config, BATCH) == (f"StatefulDataLoader(dataset, batch_size={BATCH}, "
+                                             f"{sparse.config.label()})")
+
+
+def test_the_tuner_says_what_it_needs_without_a_checkpoint_interval():
+    from starvewatch.tuning import tune
+    result = tune(loader(8, 1), budget_s=3, out=False)
+    assert all(t.config.snapshot_every_n_steps is None for t in result.trials)
+    assert any("--checkpoint-every" in n for n in result.notes)
+    assert "snapshot_every_n_steps" not in result.to_dict()["trials"][0]["config"]
