@@ -162,7 +162,7 @@ def test_the_collector_finds_it_from_the_same_telemetry(collector, monkeypatch):
 def test_the_tuner_tries_snapshotting_at_the_checkpoint_interval():
     from starvewatch.tuning import tune
     from starvewatch.tuning.answer import snippet
-    result = tune(loader(150_000, 1), budget_s=15, out=False, checkpoint_every=CHECKPOINT_EVERY)
+    result = tune(loader(150_000, 1), budget_s=20, out=False, checkpoint_every=CHECKPOINT_EVERY)
     # The first trial snapshotting at the checkpoint interval is the comparison: the best
     # configuration with workers, measured again with snapshot_every_n_steps at the interval.
     sparse = next((t for t in result.trials if t.config.snapshot_every_n_steps == CHECKPOINT_EVERY), None)
