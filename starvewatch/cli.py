@@ -171,9 +171,11 @@ def cmd_tune(args) -> int:
         return fail("--budget must be a positive number of seconds", EXIT_USAGE)
     if args.consumption is not None and args.consumption <= 0:
         return fail("--consumption must be a positive number of batches per second", EXIT_USAGE)
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        return fail("--checkpoint-every must be a positive number of steps", EXIT_USAGE)
     try:
         result = tune(args.factory, budget_s=args.budget, consumption_batches_per_s=args.consumption,
-                      run_name=args.run, loader=args.loader)
+                      run_name=args.run, loader=args.loader, checkpoint_every=args.checkpoint_every)
     except (FactoryError, CollectorError, TrialFailed) as exc:
         return fail(str(exc))
     return EXIT_OK if result.answer is not None and result.stored is not False else EXIT_ERROR
@@ -436,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--run", metavar="NAME", help="a watched run: its compute per batch is the consumption, "
                      "and the results are stored with it in the collector")
     tun.add_argument("--loader", help="which of the run's loaders (default: its first)")
+    tun.add_argument("--checkpoint-every", type=int, metavar="STEPS",
+                     help="a StatefulDataLoader: steps between checkpoints (state_dict() calls), tried as "
+                     "snapshot_every_n_steps (default: from --run)")
     tun.set_defaults(func=cmd_tune)
 
     doc = sub.add_parser("doctor", help="check NVML, torch and CUDA, /dev/shm, the collector")

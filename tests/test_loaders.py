@@ -182,7 +182,9 @@ def test_torchdata_nodes_loader_is_measured_and_its_state_dict_resumes():
 
     summary = starvewatch.finish()
     loader = assert_measured(summary, "train", batches, truth)
-    assert loader["config"] is None  # not a DataLoader: no settings to read (docs/loaders.md)
+    # Not a DataLoader: its ParallelMapper's settings are read (docs/loaders.md)
+    assert (loader["config"]["num_workers"], loader["config"]["worker_method"]) == (2, "thread")
+    assert loader["config"]["wrapper"] == "torchdata.nodes"
     assert loaders_of(summary)["resumed"]["steps"] == len(expected) - 5
 
 
@@ -237,7 +239,12 @@ def test_webloader_is_measured_and_keeps_its_length_and_fluent_interface(shards)
     assert len(watched) == 16 and isinstance(watched.pipeline[0], DataLoader)  # its own attributes
     batches, truth = timed_epoch(watched)
     assert batches == expected and len(batches) == N // BATCH
-    assert_measured(starvewatch.finish(), "train", batches, truth)
+    summary = starvewatch.finish()
+    loader = assert_measured(summary, "train", batches, truth)
+    # The DataLoader inside it: its settings read, its workers given per-worker telemetry.
+    assert loader["config"]["wrapper"] == "WebLoader" and loader["config"]["num_workers"] == 2
+    assert loader["config"]["dataset"] == "WebDataset" and loader["config"]["dataset_shards"] == 4
+    assert worker_batches(summary, "train") == [8, 8]
 
 
 # ---- Hugging Face datasets ------------------------------------------------------------------

@@ -132,6 +132,24 @@ class NotSharded(IterableDataset):
             yield torch.full((self.size,), float(i))
 
 
+class FileShards(IterableDataset):
+    """A pure-torch sharded IterableDataset: `shards` files of samples, split among the workers
+    as most hand-written ones do (`files[worker::workers]`). With fewer shards than workers, a
+    worker gets none and serves nothing."""
+
+    def __init__(self, shards, per_shard, sleep_s=0.0, size=4):
+        self.shards, self.per_shard, self.sleep_s, self.size = shards, per_shard, sleep_s, size
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        for shard in range(self.shards)[worker::workers]:
+            for i in range(self.per_shard):
+                if self.sleep_s:
+                    time.sleep(self.sleep_s)
+                yield torch.full((self.size,), float(shard * self.per_shard + i))
+
+
 class DiskReads(Dataset):
     """`n` items, each `chunks` random 1 MiB reads of a data file with O_DIRECT (past the page
     cache: every read goes to the device, as a dataset larger than RAM does); with `in_memory`,
@@ -376,4 +394,10 @@ SCENARIOS = [
     Scenario("duplicated_shards", "duplicated_shards", "an IterableDataset not sharded by worker, 2 workers",
              {"train": LoaderSpec(lambda: NotSharded(384), {"batch_size": 8, "num_workers": 2}, 0.06)},
              1, "not", "compute_bound", None, expect_finding=("train", "duplicated_shards")),
+    Scenario("idle_workers_torch", "idle_workers",
+             "a pure-torch IterableDataset of 1 shard (files[worker::workers]) for 2 workers, 4 ms reads",
+             {"train": LoaderSpec(lambda: FileShards(1, 384, sleep_s=0.004), {"batch_size": 8, "num_workers": 2},
+                                  0.008)},
+             # The finding says what to do (reshard, or fewer workers); no advice adds workers.
+             1, "high", "input_bound_io", None, expect_finding=("train", "idle_workers")),
 ]

@@ -48,8 +48,40 @@ def dataloader_config(loader) -> dict:
     }
     if hasattr(loader, "in_order"):  # torch >= 2.6
         config["in_order"] = bool(loader.in_order)
+    if isinstance(getattr(loader, "snapshot_every_n_steps", None), int):  # torchdata's StatefulDataLoader
+        config["snapshot_every_n_steps"] = loader.snapshot_every_n_steps
     config.update(shard_facts(loader.dataset))
     return config
+
+
+def wrapped_loader(loader) -> tuple[dict | None, object | None]:
+    """For a loader that is not a DataLoader but loads in workers: (its configuration, the torch
+    DataLoader inside it, to give per-worker telemetry, or None). webdataset's `WebLoader`
+    wraps a DataLoader (its pipeline's first stage); a `torchdata.nodes` pipeline loads in a
+    `ParallelMapper`'s threads or processes (`num_workers`, `method`). (None, None) for any
+    other iterable: the diagnosis then takes it for loading on the training thread."""
+    # The classes it derives from: webdataset's with_length() makes a subclass in module "abc".
+    modules = [c.__module__ or "" for c in type(loader).__mro__]
+    try:
+        if any(m.startswith("webdataset.") for m in modules):
+            stages = getattr(loader, "pipeline", None) or []
+            if stages and is_torch_dataloader(stages[0]):
+                return {**dataloader_config(stages[0]), "wrapper": "WebLoader"}, stages[0]
+        elif any(m.startswith("torchdata.nodes") for m in modules):
+            mappers = []
+            node, seen = getattr(loader, "root", None), 0
+            while node is not None and seen < 100:  # the chain of sources, root first
+                if type(node).__name__ == "ParallelMapper" and isinstance(getattr(node, "num_workers", None), int):
+                    mappers.append(node)
+                node, seen = getattr(node, "source", None), seen + 1
+            if mappers:
+                mapper = max(mappers, key=lambda m: m.num_workers)
+                return {"num_workers": mapper.num_workers, "worker_method": getattr(mapper, "method", None),
+                        "in_order": getattr(mapper, "in_order", None), "parallel_mappers": len(mappers),
+                        "wrapper": "torchdata.nodes"}, None
+    except Exception:  # another version's internals: taken as a plain iterable
+        pass
+    return None, None
 
 
 def shard_facts(dataset) -> dict:

@@ -187,6 +187,11 @@ class LoaderWatch:
                 "cpu_fraction": row["fetch_cpu_ns"] / row["fetch_ns"] if row["fetch_ns"] else None,
                 "samples": row["samples"],
             }
+            if row["snapshots"]:  # a StatefulDataLoader's worker-state snapshots (snapshots.py)
+                entry.update(snapshots=row["snapshots"],
+                             snapshot_ms_mean=row["snapshot_ns"] / row["snapshots"] / 1e6,
+                             snapshot_load_ms=row["snapshot_load_ns"] / 1e6,
+                             snapshot_bytes=row["snapshot_bytes"])
             known = process_state(row["pid"]) if row["pid"] else None
             if known is not None:
                 entry.update({k: v for k, v in known.items() if k != "pid"})
@@ -216,7 +221,10 @@ class LoaderWatch:
                 **({"shard_hashes": fresh} if fresh else {}),
                 "configured_workers": config.get("num_workers"), "alive_workers": alive,
                 "queue_depth": depth, "queue_capacity": capacity or None,
-                "persistent_workers": config.get("persistent_workers")}
+                "persistent_workers": config.get("persistent_workers"),
+                **({"state_dict_calls": board.checkpoints.calls,
+                    "checkpoint_interval_steps": board.checkpoints.interval_steps()}
+                   if board.checkpoints.calls else {})}
 
 
 class StallDetector:

@@ -18,7 +18,7 @@ from time import perf_counter_ns
 from ..ids import safe_id, safe_name
 from . import cuda
 from .identity import default_run_name, rank_info, run_id_for, run_metadata
-from .introspect import dataloader_config, is_torch_dataloader
+from .introspect import dataloader_config, is_torch_dataloader, wrapped_loader
 from .delivery.account import Warnings
 from .delivery.records import LocalPipeline, with_buffer_drops
 from .delivery.shipper import Shipper
@@ -395,9 +395,18 @@ def watch(loader, name: str | None = None):
                 from .workers import attach
                 state.board = attach(loader, str(session.stack_dir))
             loader.__class__ = watched_dataloader_class(type(loader), state)
+            if state.board is not None:  # a StatefulDataLoader's checkpoint interval (snapshots.py)
+                from .snapshots import count_checkpoints
+                count_checkpoints(type(loader), state.board.checkpoints)
             wrapped = loader
         else:
-            state = session.loaders.get(name) or session.add_loader(name, None, None, type(loader).__name__)
+            state = session.loaders.get(name)
+            if state is None:  # a WebLoader or a torchdata.nodes pipeline loads in workers too
+                config, inner = wrapped_loader(loader)
+                state = session.add_loader(name, config, None, type(loader).__name__)
+                if inner is not None:
+                    from .workers import attach
+                    state.board = attach(inner, str(session.stack_dir))
             cls = WatchedIteratorProxy if hasattr(loader, "__next__") else WatchedIterable
             wrapped = cls(loader, state)
     if shell is not None:

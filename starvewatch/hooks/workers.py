@@ -23,8 +23,11 @@ from ..logonce import RateLimitedLog
 _failures = RateLimitedLog(logging.getLogger("starvewatch.hooks"), interval_s=3600)
 
 FIELDS = ("pid", "batches", "fetch_ns", "fetch_cpu_ns", "last_fetch_ns", "max_fetch_ns",
-          "last_end_ns", "samples")
-ROW = struct.Struct("<8q")
+          "last_end_ns", "samples",
+          # A StatefulDataLoader worker's state snapshots (snapshots.py): how many, their
+          # cumulative time in the worker, the latest sampled unpickling time and size.
+          "snapshots", "snapshot_ns", "snapshot_load_ns", "snapshot_bytes")
+ROW = struct.Struct("<12q")
 MAX_WORKERS = 512
 # After the rows, one "current fetch" area per worker, for naming what a hung worker holds:
 # when its fetch began (0: not fetching), its stack signal (stacks.py; 0: none), how many
@@ -57,6 +60,8 @@ class WorkerBoard:
         self._file = open(self.path, "rb")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         self._finalizer = weakref.finalize(self, _cleanup, self._map, self._file, self.path)
+        from .snapshots import CheckpointCounter
+        self.checkpoints = CheckpointCounter()  # a StatefulDataLoader's state_dict() calls
 
     def read(self) -> list[dict]:
         return [dict(zip(FIELDS, ROW.unpack_from(self._map, i * ROW.size))) for i in range(self.num_workers)]
@@ -155,6 +160,9 @@ def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None 
 
         fetch._starvewatch = True
         cls.fetch = fetch
+
+    from .snapshots import time_worker_snapshots
+    time_worker_snapshots(_record_snapshot)
 
 
 def stack_file(stack_dir: str, worker_id: int) -> str:
@@ -268,6 +276,15 @@ def _record(fetch_ns: int, cpu_ns: int, samples: int) -> None:
         row[5] = fetch_ns
     row[6] = time_ns()
     row[7] += samples
+    ROW.pack_into(mapping, offset, *row)
+
+
+def _record_snapshot(snapshot_ns: int, load_ns: int, nbytes: int) -> None:
+    mapping, offset, row, _ = _ROW_VIEW
+    row[8] += 1
+    row[9] += snapshot_ns
+    row[10] = load_ns
+    row[11] = nbytes
     ROW.pack_into(mapping, offset, *row)
 
 

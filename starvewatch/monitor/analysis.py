@@ -136,7 +136,8 @@ def summarize(run: dict, loaders: list[LoaderData], *, stalls=(), system: dict |
         # Hung workers are in the stalls; memory growth and the like here (monitor/findings.py).
         "findings": findings_from(worker_events or [], {d.name: d.config for d in loaders}, system,
                                   waits={p["name"]: p["input_wait_fraction"] for p in loader_parts},
-                                  world_size=run.get("world_size") or 1),
+                                  world_size=run.get("world_size") or 1,
+                                  batches_per_s={p["name"]: p["batches_per_s"] for p in loader_parts}),
         "recommendations": [],
         "system": system,
     }

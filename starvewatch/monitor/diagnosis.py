@@ -100,6 +100,18 @@ def _without_idle_workers(proposals: list[dict], summary: dict) -> list[dict]:
     return [p for p in proposals if not (p["loader"] in starved_of_shards and adds_workers(p))]
 
 
+# What a torchdata.nodes ParallelMapper takes of the DataLoader arguments the rules propose.
+NODES_PARAMETERS = (None, "num_workers")
+
+
+def _applicable(proposals: list[dict], summary: dict) -> list[dict]:
+    """A torchdata.nodes pipeline (config["wrapper"]) has no prefetch_factor, persistent_workers
+    or pin_memory of a DataLoader's: only advice that it can take is kept."""
+    nodes = {l["name"] for l in summary.get("loaders") or []
+             if (l.get("config") or {}).get("wrapper") == "torchdata.nodes"}
+    return [p for p in proposals if p["loader"] not in nodes or p.get("parameter") in NODES_PARAMETERS]
+
+
 def _predict_resharding(summary: dict, facts: dict[str, LoaderFacts]) -> None:
     """For workers idle for lack of shards: the speed-up of resharding (every configured worker
     serving), from the active workers' measured load time (the idle ones measured none)."""
@@ -167,7 +179,8 @@ def diagnose(summary: dict, loaders, *, system=None, previous=None, run=None,
             if rule.when == "any" or (rule.when == "starved" and f in starved) or \
                     (rule.when == "host_bound" and host_bound and f is facts[0]):
                 proposals.extend(rule.propose(f, t, ctx))
-    recs = _predict(_reconcile(_without_idle_workers(proposals, summary)), {f.name: f for f in facts}, t)
+    proposals = _applicable(_without_idle_workers(proposals, summary), summary)
+    recs = _predict(_reconcile(proposals), {f.name: f for f in facts}, t)
     for f in facts:
         if f.name.lower() in VALIDATION_NAMES or (len(facts) > 1 and f is not facts[0] and f in starved):
             for r in recs:

@@ -98,7 +98,10 @@ def snippet(config: dict | None, recs: list[dict], loader: str) -> str | None:
              if k in changed or k == "batch_size" or (k == "persistent_workers" and v)]
     if custom_batch_sampler(config):
         shown.insert(0, f"batch_sampler=<your {(config or {}).get('batch_sampler')}>")
-    return f"DataLoader(dataset, {', '.join(shown)})"
+    wrapper = (config or {}).get("wrapper")  # a loader that is not a DataLoader (introspect.wrapped_loader)
+    if wrapper == "torchdata.nodes":
+        return f"ParallelMapper(source, map_fn, {', '.join(shown)})"
+    return f"{'WebLoader' if wrapper == 'WebLoader' else 'DataLoader'}(dataset, {', '.join(shown)})"
 
 
 def to_markdown(summary: dict) -> str:

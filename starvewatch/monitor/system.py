@@ -82,6 +82,12 @@ def overview(events: list[tuple[str, dict]]) -> dict | None:
                                          for s in snaps for w in s.get("workers", [])),
             "workers": [{"id": w.get("id"), "pid": w.get("pid"), "state": w.get("state"),
                          "batches": w.get("batches"), "load_ms_mean": w.get("load_ms_mean"),
-                         "cpu_fraction": w.get("cpu_fraction")} for w in per_worker],
+                         "cpu_fraction": w.get("cpu_fraction"),
+                         # a StatefulDataLoader's worker-state snapshots (findings.snapshot_findings)
+                         **({"snapshots": w["snapshots"], "snapshot_ms_mean": w.get("snapshot_ms_mean")}
+                            if w.get("snapshots") else {})} for w in per_worker],
         }
+        if last.get("state_dict_calls"):  # the watched StatefulDataLoader's checkpoints
+            out["loaders"][name].update(state_dict_calls=last["state_dict_calls"],
+                                        checkpoint_interval_steps=last.get("checkpoint_interval_steps"))
     return out

@@ -113,7 +113,8 @@ def _cuda_device():
 
 
 def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None = None,
-         run_name: str | None = None, *, loader: str | None = None, out=None, on_trial=None) -> TuneResult:
+         run_name: str | None = None, *, loader: str | None = None, out=None, on_trial=None,
+         checkpoint_every: int | None = None) -> TuneResult:
     """Measure DataLoader configurations on this machine and pick one.
 
     `factory` builds the DataLoader from keyword arguments (num_workers, prefetch_factor,
@@ -123,7 +124,9 @@ def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None 
     without, the fewest workers within 10% of the best. With `run_name` the results are stored
     with that run in the collector. `loader` names the run's loader (default: its first).
     Prints the table and the DataLoader(...) call to `out` (default stdout; False: silent);
-    `on_trial(trial)` is called after each trial, its workers gone.
+    `on_trial(trial)` is called after each trial, its workers gone. For a torchdata
+    StatefulDataLoader, `checkpoint_every` (steps between the loop's state_dict() calls; from
+    the run when not given) is tried as its `snapshot_every_n_steps` against its own.
     """
     import warnings
     out = sys.stdout if out is None else out
@@ -142,7 +145,8 @@ def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None 
         collector = Collector()
         try:
             run = collector.find_run(run_name)
-            part = pick_loader(collector.summary(run["id"]), loader)
+            run_summary = collector.summary(run["id"])
+            part = pick_loader(run_summary, loader)
         except BaseException:
             collector.close()
             raise
@@ -151,6 +155,9 @@ def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None 
         if current is None and "num_workers" in config:
             current = LoaderConfig(config.get("num_workers") or 0, config.get("prefetch_factor"),
                                    bool(config.get("persistent_workers")), bool(config.get("pin_memory")))
+        if not checkpoint_every:  # the watched StatefulDataLoader's state_dict() spacing
+            checkpoint_every = (((run_summary.get("system") or {}).get("loaders") or {})
+                                .get(part["name"]) or {}).get("checkpoint_interval_steps")
         if not consumption_batches_per_s:
             consumption_batches_per_s = consumption_from(part)
             consumption_source = "run" if consumption_batches_per_s else None
@@ -173,7 +180,8 @@ def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None 
                 shown[0] = due
 
         tuner = Tuner(factory, budget_s, consumption_batches_per_s, cores=cores, device=device,
-                      current=current, log=write, tick=tick, on_trial=on_trial)
+                      current=current, log=write, tick=tick, on_trial=on_trial,
+                      checkpoint_every=checkpoint_every)
         try:
             trials = tuner.run()
             if current is not None and tuner._find(current) is None and not tuner.out_of_budget:
@@ -189,6 +197,7 @@ def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None 
     result = TuneResult(trials, answer, rule, budget_s, time.perf_counter() - started, consumption_batches_per_s,
                         consumption_source, batch_size, cores, str(device) if device else None, current,
                         run["id"] if run else None, loader)
+    result.notes.extend(tuner.notes)
     if any(t.status == "skipped" for t in trials):
         result.notes.append("skipped trials would not fit in memory: the reason is in the table")
     write("")

@@ -118,4 +118,7 @@ def snippet(config, batch_size: int | None) -> str:
             parts.append("persistent_workers=True")
     if config.pin_memory:
         parts.append("pin_memory=True")
+    if config.snapshot_every_n_steps is not None:
+        parts.append(f"snapshot_every_n_steps={config.snapshot_every_n_steps}")
+        return f"StatefulDataLoader({', '.join(parts)})"
     return f"DataLoader({', '.join(parts)})"

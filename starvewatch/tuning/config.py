@@ -22,6 +22,8 @@ class LoaderConfig:
     prefetch_factor: int | None = None
     persistent_workers: bool = False
     pin_memory: bool = False
+    # torchdata's StatefulDataLoader only: None leaves the factory's own (torchdata's default: 1)
+    snapshot_every_n_steps: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_workers < 0:
@@ -37,6 +39,8 @@ class LoaderConfig:
                "pin_memory": self.pin_memory}
         if self.num_workers:
             out["prefetch_factor"] = self.prefetch_factor
+        if self.snapshot_every_n_steps is not None:
+            out["snapshot_every_n_steps"] = self.snapshot_every_n_steps
         return out
 
     def label(self) -> str:
@@ -46,13 +50,19 @@ class LoaderConfig:
             text = f"num_workers={self.num_workers}, prefetch_factor={self.prefetch_factor}"
             if self.persistent_workers:
                 text += ", persistent_workers=True"
-        return text + (", pin_memory=True" if self.pin_memory else "")
+        text += ", pin_memory=True" if self.pin_memory else ""
+        if self.snapshot_every_n_steps is not None:
+            text += f", snapshot_every_n_steps={self.snapshot_every_n_steps}"
+        return text
 
     def replace(self, **changes) -> "LoaderConfig":
         return LoaderConfig(**{**asdict(self), **changes})
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if out["snapshot_every_n_steps"] is None:  # a plain DataLoader's trials: as before
+            del out["snapshot_every_n_steps"]
+        return out
 
 
 class FactoryError(ValueError):
@@ -121,9 +131,14 @@ def as_factory(obj):
     from torch.utils.data import DataLoader
     if isinstance(obj, DataLoader):
         base = rebuild_kwargs(obj)
+        cls = DataLoader
+        if isinstance(getattr(obj, "snapshot_every_n_steps", None), int):
+            # torchdata's StatefulDataLoader: rebuilt as one, its snapshot interval kept unless tried
+            cls = next(c for c in type(obj).__mro__ if not getattr(c, "__starvewatch_watched__", False))
+            base["snapshot_every_n_steps"] = obj.snapshot_every_n_steps
 
         def rebuild(**tuned):
-            return DataLoader(**base, **tuned)
+            return cls(**{**base, **tuned})
         rebuild.source = obj  # type: ignore[attr-defined]
         return rebuild
     if not callable(obj):
@@ -143,6 +158,9 @@ def build(factory, config: LoaderConfig):
         raise FactoryError(f"the factory returned {type(loader).__name__}, not a DataLoader")
     got = {"num_workers": loader.num_workers, "persistent_workers": loader.persistent_workers}
     want = {"num_workers": config.num_workers, "persistent_workers": config.persistent_workers}
+    if config.snapshot_every_n_steps is not None:
+        got["snapshot_every_n_steps"] = getattr(loader, "snapshot_every_n_steps", None)
+        want["snapshot_every_n_steps"] = config.snapshot_every_n_steps
     if got != want:
         raise FactoryError(f"the factory ignored the arguments it was given ({want}, got {got}): "
                            f"pass them on to DataLoader(...)")

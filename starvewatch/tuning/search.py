@@ -14,7 +14,7 @@ import time
 
 from ..envvars import limit_bytes
 from .answer import CONSUMPTION_MARGIN, WITHIN_BEST, choose, rate
-from .config import LoaderConfig, build
+from .config import FactoryError, LoaderConfig, build
 from .trial import TrialResult, run_trial
 
 PLANNED_TRIALS = 15        # a budget is split into about this many trial slots
@@ -98,7 +98,7 @@ class MemoryModel:
 class Tuner:
     def __init__(self, factory, budget_s: float, consumption_batches_per_s: float | None = None, *,
                  cores: int, device=None, current: LoaderConfig | None = None, log=None,
-                 tick=None, on_trial=None) -> None:
+                 tick=None, on_trial=None, checkpoint_every: int | None = None) -> None:
         if budget_s <= 0:
             raise ValueError(f"budget_s must be > 0, got {budget_s}")
         if consumption_batches_per_s is not None and consumption_batches_per_s <= 0:
@@ -112,6 +112,9 @@ class Tuner:
         self.start = self.end = self.hard_end = 0.0
         self.out_of_budget = False
         self.depth = 2  # the prefetch_factor the doubling and the refinement measure at
+        self.checkpoint_every = checkpoint_every  # steps between the loop's state_dict() calls
+        self.snapshot_every: int | None = None     # a StatefulDataLoader's own snapshot interval
+        self.notes: list[str] = []
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def _find(self, cfg: LoaderConfig) -> TrialResult | None:
@@ -183,8 +186,11 @@ class Tuner:
         self.start = time.perf_counter()
         self.end = self.start + self.budget_s
         self.hard_end = self.start + self.budget_s * OVERRUN
-        build(self.factory, LoaderConfig(1, 2))  # a factory that ignores its arguments fails now
+        probe = build(self.factory, LoaderConfig(1, 2))  # a factory that ignores its arguments fails now
+        every = getattr(probe, "snapshot_every_n_steps", None)
+        self.snapshot_every = every if isinstance(every, int) else None
         self._workers()
+        self._snapshots()  # before the finer settings: at 1, snapshots can cost more than they buy
         self._refine()
         self._prefetch()
         self._persistent_and_pinning()
@@ -317,6 +323,37 @@ class Tuner:
             cand = self._candidate()
             if cand is not None and not cand.config.pin_memory:
                 self.measure(cand.config.replace(pin_memory=True))
+
+
+    def _snapshots(self) -> None:
+        """A StatefulDataLoader snapshots its workers' state every `snapshot_every_n_steps`
+        batches (1 by default) and sends it with the batch: the best with workers measured again
+        snapshotting at the checkpoint interval instead (a snapshot between checkpoints is
+        never used), so the answer may take it."""
+        every, interval = self.snapshot_every, self.checkpoint_every
+        if every is None:
+            return
+        if not interval:
+            self.notes.append("StatefulDataLoader: give the checkpoint interval (--checkpoint-every, or a run "
+                              "whose loop called state_dict()) to try snapshot_every_n_steps at it")
+            return
+        # Snapshots travel only from workers: compared at the best configuration with workers.
+        with_workers = [t for t in self.trials if t.usable and t.config.num_workers]
+        if interval <= every or not with_workers:
+            return  # snapshots no more often than checkpoints, or no worker measured
+        cand = max(with_workers, key=rate)
+        cfg = cand.config.replace(snapshot_every_n_steps=interval)
+        try:
+            build(self.factory, cfg)  # no workers start: a factory that does not pass it on is told here
+        except FactoryError as exc:
+            self.notes.append(f"snapshot_every_n_steps={interval} not tried: {exc}")
+            return
+        trial = self.measure(cfg)
+        if trial is not None and trial.usable and cand.usable:
+            self.notes.append(
+                f"snapshot_every_n_steps={interval} (the checkpoint interval): {trial.batches_per_s or 0:.1f} "
+                f"batches/s against {cand.batches_per_s or 0:.1f} at {every}, {cand.config.label()} "
+                f"({(trial.batches_per_s or 0) / max(cand.batches_per_s or 0, 1e-9):.2f}x)")
 
 
 class TrialFailed(RuntimeError):
