@@ -137,7 +137,8 @@ class WatchedIterator:
             self._leave_fast()
         # A step that step() or phase() marked is followed by one they mark too, as a rule:
         # the next one stays on this path rather than a round trip through the fast path (a
-        # Segment and two class switches per step, about twice what the record costs).
+        # Segment and two class switches per step: ~9,000 instructions of a ~26,000 one,
+        # benchmarks/instructions_per_thread.py step).
         user_marked = self._close_step(t_call) if self._open else False
         it = self._it
         if it is None:
