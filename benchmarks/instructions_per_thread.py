@@ -8,7 +8,7 @@ with `with starvewatch.step(): pass` as the body (the general path every item). 
 thread (01: the training thread; the others: the monitor's threads), instructions per batch.
 Counted around the loop only (and the shipper's work on its records); the monitor's timers are
 stretched STRETCH (60) times, like the loop under valgrind. KEEP=1 copies the callgrind files to
-/tmp/i20/ for callgrind_annotate. The study that used it: docs/performance.md. ~8 min each.
+/tmp/i20/ for callgrind_annotate. Writes benchmarks/results/instructions_per_thread-<modes>.json. The study that used it: docs/performance.md. ~8 min each.
 """
 import gc, json, os, re, subprocess, sys, tempfile, time, glob
 from pathlib import Path
@@ -54,10 +54,22 @@ def counted(mode, n, env):
         return per, json.loads(p.stdout.strip().splitlines()[-1])["loop_s"]
 if __name__ == "__main__":
     if sys.argv[1] == "--child": child(sys.argv[2], int(sys.argv[3]), None); sys.exit()
+    import argparse
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks import results_io
     n = int(sys.argv[1]); modes = sys.argv[2:] or ["bare", "watched"]
+    # Fewer than 5,000 batches is a shortened run (fixed costs weigh more per batch).
+    record = results_io.started(argparse.Namespace(batches=n, modes=modes), quick=n < 5000)
+    record["modes"] = {}
     env = dict(os.environ, PYTHONHASHSEED="0", STARVEWATCH_URL="off", STARVEWATCH_AUTOSTART="0", STARVEWATCH_QUIET="1", STARVEWATCH_DIR="/tmp/i20/swcg")
     stretch = float(os.environ.get("STRETCH", "60"))
     for k, d in (("SHIP", 0.5), ("HOST", 0.5), ("GPU", 1.0)): env[f"STARVEWATCH_{k}_INTERVAL_S"] = str(d * stretch)
     for m in modes:
         per, s = counted(m, n, env)
         print(m, {k: round(v / n) for k, v in per.items()}, "total/batch", round(sum(per.values()) / n), "loop_s", round(s, 2), flush=True)
+        # Thread 01 is the training thread, the others the monitor's (per batch, instructions).
+        record["modes"][m] = {"instructions_per_batch_by_thread": {k: round(v / n) for k, v in per.items()},
+                              "training_thread_instructions_per_batch": round(per.get("01", 0) / n),
+                              "total_instructions_per_batch": round(sum(per.values()) / n), "loop_s": round(s, 2)}
+    # Per mode set: `step list` and `bare watched` runs keep their own files.
+    results_io.write(record, results_io.RESULTS / f"instructions_per_thread-{'-'.join(modes)}.json")

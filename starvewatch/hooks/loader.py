@@ -135,8 +135,11 @@ class WatchedIterator:
         t_call = _now()
         if self._segment is not None:
             self._leave_fast()
-        if self._open:
-            self._close_step(t_call)
+        # A step that step() or phase() marked is followed by one they mark too, as a rule:
+        # the next one stays on this path rather than a round trip through the fast path (a
+        # Segment and two class switches per step: ~9,000 instructions of a ~26,000 one,
+        # benchmarks/instructions_per_thread.py step).
+        user_marked = self._close_step(t_call) if self._open else False
         it = self._it
         if it is None:
             raise StopIteration
@@ -172,7 +175,7 @@ class WatchedIterator:
             self._first_batch(batch)
         elif self._probe_bs:
             self._bs = leading_dim(batch)
-        if token is None and not self._probe_bs and not self._marked and not self._extra_wait:
+        if token is None and not user_marked and not self._probe_bs and not self._marked and not self._extra_wait:
             # (the first step closes here, with its start-up); with CUDA events, the fast path
             # runs the steps between two measured ones
             if gpu is not None:
@@ -299,11 +302,15 @@ class WatchedIterator:
         if token is not None:
             self._gpu.release(token)
 
-    def _close_step(self, t_end: int) -> None:
-        wait = self._t_ret - self._t_call + self._extra_wait
+    def _close_step(self, t_end: int) -> bool:
+        """Record the open step; True when step() or phase() marked it."""
+        t_ret = self._t_ret
+        wait = t_ret - self._t_call + self._extra_wait
         self._extra_wait = 0
-        loop_ns = t_end - self._t_ret - self._excluded
-        if self._step_used:
+        loop_ns = t_end - t_ret - self._excluded
+        phases = self._phases
+        used = self._step_used
+        if used:
             compute = self._step_ns
             other = loop_ns - compute if loop_ns > compute else 0
         else:
@@ -311,7 +318,7 @@ class WatchedIterator:
         buffer = self._buffer
         if len(buffer) < self._capacity:  # (no test here of what delivery needs: each costs more)
             buffer.append((self._key, self._step, self._t_call, wait, compute, self._bs,
-                           other, self._token, self._phases, self._t_ret, t_end, self._spans,
+                           other, self._token, phases, t_ret, t_end, self._spans,
                            self._t_epoch))
         else:
             self._drop(wait, compute, other, self._token)
@@ -325,6 +332,7 @@ class WatchedIterator:
         self._in_step = False
         self._phases = None
         self._token = None
+        return used or phases is not None
 
     def _end(self, t_end: int) -> None:
         """The epoch is over: exhausted, dropped (`break`) or closed by `finish()`."""
