@@ -162,7 +162,7 @@ class Query:
                 merged.append([first, last])
         return [(a, b) for a, b in merged]
 
-    @cached(per_run=True)
+    @cached(per_run=True, max_age_s=None)
     def stragglers(self, run_id: str) -> dict | None:
         """Ranks that hold a synchronous job back (monitor/stragglers.py); None with one rank."""
         from .stragglers import DEFAULT, find_stragglers, likely_cause, windows_from_rows
@@ -218,7 +218,7 @@ class Query:
         summary = summarize(prev_meta, self.store.loader_data(previous), system=self.system_overview(previous))
         return with_tuning(summary, self.store.latest_tuning(previous))
 
-    @cached(per_run=True)
+    @cached(per_run=True, max_age_s=None)
     def distributions(self, run_id: str, loader: str) -> dict:
         """Wait and compute per batch over every step of one loader (all ranks), from the same
         log-bucketed histograms as the percentiles: {"wait": {"buckets": [[ms, count], ...],
@@ -448,7 +448,7 @@ class Query:
         return {"bucket_steps": max(1, index // max(1, len(out))), "points": out, "epochs": epochs,
                 "source": "rollups"}
 
-    @cached(per_run=True)
+    @cached(per_run=True, max_age_s=None)
     def events(self, run_id: str, kind: str, since_ns: int = 0, limit: int = 5000) -> list[dict]:
         self._row(run_id)
         rows = self.store.reader().execute(
