@@ -13,7 +13,8 @@ compressed (the whole script takes well under 20 minutes; --quick, about one):
    freshly ingested span (Retention.enforce): steps folded per second. Bytes per step are read
    from SQLite's dbstat: raw (steps + step_blocks), per-second rollups, per-minute rollups.
 2. Steady state written directly: the database the budget leaves at the end of the 30 days
-   (per-minute rollups for all but the last hour, per-second rollups for the last hour, the
+   (per-minute rollups for all but the last hour, per-second rollups for the last hour, per rank
+   and summed over ranks, the
    rolled-up spans, and raw rows of the latest steps up to LOW_WATER of the budget), with the
    run's exact totals and histograms. A real collector opens it: summary latency (computed, then
    cached), the run page in headless Chromium until its charts are drawn (benchmarks/dashboard.py),
@@ -259,6 +260,19 @@ def steady_state(tmp: Path, args, record: dict) -> None:
                   "INSERT INTO rollups SELECT 'long-job', rank, 'train', ? + n, 10, 10 * ?, 10 * ?, 0, "
                   "640, 0, 0, 4000000, 0, 0, 1 FROM i, r",
                   (recent_s, args.ranks, end_s - recent_s, WAIT_NS, COMPUTE_NS))
+        # The same rows summed over ranks (run_rollups.py), as ingest and folding keep them.
+        all_ranks = ((1 << args.ranks) - 1).to_bytes((args.ranks + 7) // 8, "little")
+        w.execute("DELETE FROM run_rollups")
+        w.execute("WITH RECURSIVE i(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM i WHERE n + 1 < ?) "
+                  "INSERT INTO run_rollups SELECT 'long-job', 'train', ? + n * 60, 60, 600 * ?, 600 * ? * ?, "
+                  "600 * ? * ?, 0, 600 * 64 * ?, 0, 0, 4000000, 0, 0, ? FROM i",
+                  (minute_rows, start_s, args.ranks, args.ranks, WAIT_NS, args.ranks, COMPUTE_NS, args.ranks,
+                   all_ranks))
+        w.execute("WITH RECURSIVE i(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM i WHERE n + 1 < ?) "
+                  "INSERT INTO run_rollups SELECT 'long-job', 'train', ? + n, 1, 10 * ?, 10 * ? * ?, 10 * ? * ?, 0, "
+                  "640 * ?, 0, 0, 4000000, 0, 0, ? FROM i",
+                  (recent_s, end_s - recent_s, args.ranks, args.ranks, WAIT_NS, args.ranks, COMPUTE_NS, args.ranks,
+                   all_ranks))
         w.execute("COMMIT")
     store.retention._reclaim()
     rollup_bytes = file_bytes(db)
@@ -297,6 +311,7 @@ def steady_state(tmp: Path, args, record: dict) -> None:
         "days": args.days, "ranks": args.ranks, "steps": per_rank * args.ranks, "budget": args.budget,
         "budget_bytes": budget, "db_bytes": size, "rollup_bytes": rollup_bytes, "raw_steps": raw_steps,
         "raw_span_s": raw_span_s, "rollup_rows": minute_rows * args.ranks + recent_s * args.ranks,
+        "run_rollup_rows": minute_rows + recent_s,
         "bytes_per_step_overall": size / (per_rank * args.ranks), "written_in_s": written_s,
         "filled_bytes": filled, "fold_at_size": {**folded, "seconds": fold_at_size_s}, "low_water": LOW_WATER}
     print(f"steady state: {per_rank * args.ranks / 1e9:.2f} G steps in {size / 2**30:.2f} GiB "

@@ -238,6 +238,9 @@ def test_a_database_written_by_the_previous_version_opens_and_migrates(tmp_path)
         assert store._writer.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # converted by one VACUUM
         assert "span_s" in {r[1] for r in store._writer.execute("PRAGMA table_info(rollups)")}
         assert client.get("/api/v1/runs/old-run/summary").json() == expected
+        # Its rank-summed rollups were filled from the per-rank ones at open.
+        assert drawn(client.get("/api/v1/runs/old-run/series?points=300").json()) == expected_series(
+            store, "old-run", 300)
         rows = csv_rows(client, "old-run")
         assert len(rows) == 6000 and {r["kind"] for r in rows} == {"step"}
         # It takes new data and folds like a new one.
@@ -249,3 +252,91 @@ def test_a_database_written_by_the_previous_version_opens_and_migrates(tmp_path)
         rows = csv_rows(client, "old-run")
         assert "bucket" in {r["kind"] for r in rows}
         assert sum(int(r["bucket_steps"]) if r["kind"] == "bucket" else r["kind"] == "step" for r in rows) == 6000
+
+
+def per_rank_sum_series(store, run_id, points, loader=None):
+    """The run-wide series computed the slow way: every per-rank rollup row, bucketed here."""
+    rows = [r for r in store.reader().execute(
+        "SELECT loader, rank, second, steps, wait_ns, compute_ns, other_ns, samples, wait_max_ns FROM rollups "
+        "WHERE run_id = ?", (run_id,)) if loader is None or r[0] == loader]
+    lo, hi = min(r[2] for r in rows), max(r[2] for r in rows)
+    width = max(1, -(-(hi - lo + 1) // points))
+    buckets: dict[int, dict] = {}
+    for _, rank, second, steps, wait, compute, other, samples, wait_max in rows:
+        b = buckets.setdefault((second - lo) // width, {"t_s": second, "steps": 0, "wait": 0, "compute": 0,
+                                                         "other": 0, "samples": 0, "max": 0, "ranks": set()})
+        b["t_s"] = min(b["t_s"], second)
+        for key, value in (("steps", steps), ("wait", wait), ("compute", compute), ("other", other),
+                           ("samples", samples)):
+            b[key] += value
+        b["max"] = max(b["max"], wait_max)
+        b["ranks"].add(rank)
+    return width, [(b["t_s"], b["steps"], b["wait"] / 1e6, b["compute"], b["samples"], b["max"] / 1e6,
+                    (b["wait"] + b["compute"] + b["other"]) / (width * len(b["ranks"]) * 1e9))
+                   for _, b in sorted(buckets.items())]
+
+
+def drawn(series):
+    width = series["bucket_s"]
+    return width, [(p["t_s"], p["steps"], round(p["wait_ms_mean"] * p["steps"], 6),
+                    round(p["compute_ms_mean"] * p["steps"] * 1e6), round(p["samples_per_s"] * width, 6),
+                    p["wait_ms_max"], p["busy_fraction"]) for p in series["points"]]
+
+
+def expected_series(store, run_id, points, loader=None):
+    width, rows = per_rank_sum_series(store, run_id, points, loader)
+    return width, [(t, steps, round(wait_ms, 6), compute, samples, wait_max, pytest.approx(busy, rel=1e-12))
+                   for t, steps, wait_ms, compute, samples, wait_max, busy in rows]
+
+
+def test_the_run_wide_series_from_rank_summed_rollups_equals_the_per_rank_sum(tmp_path):
+    """70 ranks (more than a 64-bit mask), ranks missing from some seconds, two loaders, a tier
+    fold, then a late replay into the folded span: the run-wide series read from `run_rollups`
+    equals the per-rank rows summed, bucket by bucket (ranks counted per bucket included)."""
+    with app_client(tmp_path) as client:
+        store = client.app.state.store
+        for rank in range(70):
+            n = 3000 if rank % 7 else 1500  # every 7th rank stops halfway: buckets with fewer ranks
+            payload = batch(stream=f"h{rank}", rank=rank, n=n, every_ns=SECOND // 2,
+                            wait_ns=1_000_000 + rank * 10_000)
+            payload["steps"]["loader"] = ["train" if i % 3 else "eval" for i in range(n)]
+            payload["steps"]["wait_ns"][rank] = 300_000_000 + rank  # one slow step per rank
+            assert post(client, payload).status_code == 200
+        for points in (1000, 300, 7):
+            for loader in (None, "train"):
+                query = f"points={points}" + (f"&loader={loader}" if loader else "")
+                assert drawn(client.get(f"/api/v1/runs/run-a/series?{query}").json()) == expected_series(
+                    store, "run-a", points, loader)
+        # One row per loader and second, whatever the number of ranks.
+        db = store.reader()
+        summed_rows = db.execute("SELECT count(*) FROM run_rollups").fetchone()[0]
+        assert summed_rows == db.execute("SELECT count(*) FROM (SELECT DISTINCT loader, second FROM rollups)"
+                                         ).fetchone()[0] == 2500
+        assert db.execute("SELECT count(*) FROM rollups").fetchone()[0] > 60 * summed_rows
+        with store._write_lock:
+            assert store.retention.coarsen("run-a", 60, before_s=1_700_000_000 + 1200) > 0
+        late = batch(stream="late", rank=3, seq=1, n=40, step0=100, every_ns=SECOND // 2)  # into the folded span
+        assert post(client, late).status_code == 200
+        with store._write_lock:
+            assert store.retention.coarsen("run-a", 600) > 0
+        for points in (1000, 300, 2):
+            assert drawn(client.get(f"/api/v1/runs/run-a/series?points={points}").json()) == expected_series(
+                store, "run-a", points)
+        total = sum(p["steps"] for p in client.get("/api/v1/runs/run-a/series?points=300").json()["points"])
+        assert total == 60 * 3000 + 10 * 1500 + 40
+
+
+def test_a_series_is_reused_while_its_data_has_not_changed_however_old(tmp_path, monkeypatch):
+    """A slow answer (the run-wide series of a month-long job) must not be computed again on
+    every poll once it is older than the age limit of clock-dependent answers."""
+    from starvewatch.monitor import query as query_module
+    with app_client(tmp_path) as client:
+        assert post(client, batch(n=2000)).status_code == 200
+        q = client.app.state.query
+        first = q.rollup_series("run-a", points=300)
+        clock = query_module.time.monotonic
+        monkeypatch.setattr(query_module.time, "monotonic", lambda: clock() + 3600)
+        assert q.rollup_series("run-a", points=300) is first  # an hour later, same data: same answer
+        assert post(client, batch(seq=2, n=2000, step0=2000)).status_code == 200
+        changed = q.rollup_series("run-a", points=300)
+        assert changed is not first and sum(p["steps"] for p in changed["points"]) == 4000

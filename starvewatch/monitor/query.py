@@ -25,7 +25,10 @@ class NotFound(LookupError):
 MAX_STALENESS_S = 0.25
 
 
-def cached(per_run: bool = True):
+def cached(per_run: bool = True, max_age_s: float | None = 5.0):
+    """max_age_s: how long an answer whose data has not changed is reused (None: until it
+    changes). Answers that depend on the clock (live/lost status) keep an age limit; a pure
+    function of the data (a series) does not, so a slow one is not computed again on every poll."""
     def decorate(fn):
         @functools.wraps(fn)
         def wrapper(self, *args, **kwargs):
@@ -35,7 +38,7 @@ def cached(per_run: bool = True):
             hit = self._cache.get(key)
             # Time-dependent answers (live/lost status) are refreshed every few seconds anyway.
             deletions = self.store.deletions
-            if hit is not None and now - hit[1] < 5.0 and hit[3] == deletions and (
+            if hit is not None and (max_age_s is None or now - hit[1] < max_age_s) and hit[3] == deletions and (
                     hit[0] == version or now - hit[1] < MAX_STALENESS_S):
                 return hit[2]
             value = fn(self, *args, **kwargs)
@@ -159,7 +162,7 @@ class Query:
                 merged.append([first, last])
         return [(a, b) for a, b in merged]
 
-    @cached(per_run=True)
+    @cached(per_run=True, max_age_s=None)
     def stragglers(self, run_id: str) -> dict | None:
         """Ranks that hold a synchronous job back (monitor/stragglers.py); None with one rank."""
         from .stragglers import DEFAULT, find_stragglers, likely_cause, windows_from_rows
@@ -215,7 +218,7 @@ class Query:
         summary = summarize(prev_meta, self.store.loader_data(previous), system=self.system_overview(previous))
         return with_tuning(summary, self.store.latest_tuning(previous))
 
-    @cached(per_run=True)
+    @cached(per_run=True, max_age_s=None)
     def distributions(self, run_id: str, loader: str) -> dict:
         """Wait and compute per batch over every step of one loader (all ranks), from the same
         log-bucketed histograms as the percentiles: {"wait": {"buckets": [[ms, count], ...],
@@ -340,7 +343,7 @@ class Query:
         return {"steps": [dict(zip(columns, tuple(r)[1:])) for r in rows],
                 "next_after": rows[-1][0] if len(rows) == limit else None}
 
-    @cached(per_run=True)
+    @cached(per_run=True, max_age_s=None)
     def rollup_series(self, run_id: str, loader: str | None = None, rank: int | None = None,
                       points: int = 500) -> dict:
         """Per-time-bucket wait fraction and throughput from the per-second rollups."""
@@ -349,18 +352,22 @@ class Query:
         if loader:
             where += " AND loader = ?"
             args.append(loader)
+        # Run-wide: the rank-summed rollups (run_rollups.py), one row per second or tier bucket
+        # instead of one per rank; the same sums, and the ranks each bucket covers.
+        table, ranks = "run_rollups", "rank_set_count(ranks)"
         if rank is not None:
             where += " AND rank = ?"
             args.append(rank)
+            table, ranks = "rollups", "count(DISTINCT rank)"
         db = self.store.reader()
-        lo, hi = db.execute(f"SELECT min(second), max(second) FROM rollups WHERE {where}", args).fetchone()
+        lo, hi = db.execute(f"SELECT min(second), max(second) FROM {table} WHERE {where}", args).fetchone()
         if lo is None:
             return {"bucket_s": None, "points": []}
         width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
         rows = db.execute(
             f"SELECT (second - ?) / ? AS b, min(second), sum(steps), sum(wait_ns), sum(compute_ns), "
             f"sum(other_ns), sum(samples), sum(gpu_idle_ns), sum(gpu_steps), max(wait_max_ns), "
-            f"count(DISTINCT rank) FROM rollups WHERE {where} GROUP BY b ORDER BY b",
+            f"{ranks} FROM {table} WHERE {where} GROUP BY b ORDER BY b",
             [lo, width, *args]).fetchall()
         out = []
         for _, second, steps, wait, compute, other, samples, gpu_idle, gpu_steps, wait_max, ranks in rows:
@@ -377,7 +384,7 @@ class Query:
 
     RAW_STEP_SERIES_MAX = 100_000
 
-    @cached(per_run=True)
+    @cached(per_run=True, max_age_s=None)
     def step_series(self, run_id: str, loader: str, rank: int = 0, points: int = 1000) -> dict:
         """Wait and compute per step, downsampled to at most `points` min/mean/max buckets.
         Long runs are drawn from the per-second rollups, so a 1M-step run never scans its rows."""
@@ -441,7 +448,7 @@ class Query:
         return {"bucket_steps": max(1, index // max(1, len(out))), "points": out, "epochs": epochs,
                 "source": "rollups"}
 
-    @cached(per_run=True)
+    @cached(per_run=True, max_age_s=None)
     def events(self, run_id: str, kind: str, since_ns: int = 0, limit: int = 5000) -> list[dict]:
         self._row(run_id)
         rows = self.store.reader().execute(

@@ -29,6 +29,7 @@ import sqlite3
 import orjson
 
 from ..logonce import RateLimitedLog
+from . import run_rollups
 
 log = logging.getLogger("starvewatch.retention")
 _errors = RateLimitedLog(log)
@@ -378,6 +379,7 @@ class Retention:
                       "wait_max_ns = max(wait_max_ns, excluded.wait_max_ns), "
                       "epoch_min = min(epoch_min, excluded.epoch_min), epoch_max = max(epoch_max, excluded.epoch_max), "
                       "span_s = max(span_s, excluded.span_s)")
+            run_rollups.coarsen(w, run_id, width_s, cut)
             w.execute("COMMIT")
         except BaseException:
             w.execute("ROLLBACK")

@@ -18,11 +18,12 @@ import orjson
 from ..batch_parts import uncovered
 from ..private_files import FILE_MODE, make_private_dirs
 from ..stats import LoaderTotals, RecordStats
-from . import retention
+from . import retention, run_rollups
 
 # 2: `seen` keeps record ranges [first, end) of each batch (batch_parts.py), not only (stream, seq);
 #    `rejected_files` counts the spool files that could not be ingested.
-SCHEMA_VERSION = 2
+# 3: `run_rollups`, the per-rank rollups summed over ranks (run_rollups.py), filled at open.
+SCHEMA_VERSION = 3
 WHOLE_BATCH_END = 2**62  # a batch stored before version 2: every record of it
 
 DDL = """
@@ -91,6 +92,7 @@ class Store:
         self._writer.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         self._writer.commit()
         retention.migrate(self._writer, self.path)
+        run_rollups.migrate(self._writer)
         self._local = threading.local()
         self._stats_cache: dict[tuple[str, str, str], RecordStats] = {}
         self.ingested_records = 0
@@ -122,6 +124,7 @@ class Store:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=30000")
+        run_rollups.register(conn)
         return conn
 
     def reader(self) -> sqlite3.Connection:
@@ -286,6 +289,12 @@ class Store:
                 "wait_max_ns = max(wait_max_ns, excluded.wait_max_ns), "
                 "epoch_min = min(epoch_min, excluded.epoch_min), epoch_max = max(epoch_max, excluded.epoch_max)",
                 [(rid, batch.rank, name, *row) for row in zip(*(c.tolist() for c in columns))])
+            # The same rows added into the rank-summed rollups (one rank per batch).
+            ranks = run_rollups.rank_bit(batch.rank)
+            w.executemany(
+                f"INSERT INTO run_rollups ({run_rollups.COLUMNS}) "
+                "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) " + run_rollups.MERGE,
+                [(rid, name, *row, ranks) for row in zip(*(c.tolist() for c in columns))])
             self._save_stats(w, rid, batch.stream, batch.rank, name, stats)
 
     def note_rejected_file(self, run_id: str, stream: str, file: str, reason: str, records: int | None) -> None:
@@ -437,7 +446,7 @@ class Store:
                 for first, last in w.execute("SELECT first_rowid, last_rowid FROM step_blocks WHERE run_id = ?",
                                              (run_id,)).fetchall():
                     w.execute("DELETE FROM steps WHERE rowid BETWEEN ? AND ?", (first, last))
-                for table in ("step_blocks", "rollups", "phases", "events", "loaders", "streams", "tunings",
+                for table in ("step_blocks", "rollups", "run_rollups", "phases", "events", "loaders", "streams", "tunings",
                               "rejected_files", "rolled_spans", "step_exemplars"):
                     w.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
                 # `seen` stays: a late replay of a deleted run's batch must not resurrect it.
