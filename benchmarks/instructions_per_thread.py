@@ -1,9 +1,10 @@
 """Instructions per batch of the fast loop, per thread (valgrind callgrind, --separate-threads).
 
-    python benchmarks/instructions_per_thread.py 5000 [bare] [watched] [list]
+    python benchmarks/instructions_per_thread.py 5000 [bare] [watched] [list] [step]
 
 bare / watched: DataLoader(TensorDataset, batch_size=1, num_workers=0), step `b[0] + 1`;
-list: watch(list(range(n))) with an empty body (our own per-item code alone). Prints, per
+list: watch(list(range(n))) with an empty body (our own per-item code alone); step: the same
+with `with starvewatch.step(): pass` as the body (the general path every item). Prints, per
 thread (01: the training thread; the others: the monitor's threads), instructions per batch.
 Counted around the loop only (and the shipper's work on its records); the monitor's timers are
 stretched STRETCH (60) times, like the loop under valgrind. KEEP=1 copies the callgrind files to
@@ -18,16 +19,19 @@ def child(mode, n, step):
     import starvewatch
     data = TensorDataset(torch.randn(n, 8))
     for b in DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=1): b[0] + 1
-    if mode == "list":
+    if mode in ("list", "step"):
         loader = list(range(n))
     else:
         loader = DataLoader(data, batch_size=1, num_workers=0)
     session = None
-    if mode in ("watched", "list"):
+    if mode in ("watched", "list", "step"):
         session = starvewatch.init("cg"); loader = starvewatch.watch(loader)
     gc.collect(); ctl(True); t = time.perf_counter()
     if mode == "list":
         for b in loader: pass
+    elif mode == "step":
+        for b in loader:
+            with starvewatch.step(): pass
     else:
         for b in loader: b[0] + 1
     el = time.perf_counter() - t

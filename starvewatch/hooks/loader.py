@@ -10,22 +10,48 @@ from __future__ import annotations
 import copy
 import copyreg
 import functools
+import threading
 import weakref
+from threading import get_ident
 from time import perf_counter_ns as _now
 from time import thread_time_ns
 
 from .introspect import leading_dim
 # The records appended below are laid out as record_layout.py says (FAST_RECORD_LEN from the
 # fast path, FULL_RECORD_LEN from the general one): delivery reads them by those positions.
-from ..record_layout import FAST_RECORD_LEN, FULL_RECORD_LEN, Segment  # noqa: F401
+from ..record_layout import ENDED_KEYS, FAST_RECORD_LEN, FULL_RECORD_LEN, Segment  # noqa: F401
 
-# Weak references to the iterators of the epochs in progress, innermost last. `step()` and
-# `phase()` attribute to the top one; an epoch that starts while another loader's step is open
-# (validation inside a training step) is subtracted from that step's compute. Weak, so that a
-# loop that breaks drops its iterator (and its worker processes) at once.
-ACTIVE: list = []
 
-# (loader state, when iter() was called) while iter(loader) runs (worker start-up), innermost
+class _ActiveStacks(threading.local):
+    """Per thread: weak references to the iterators of the epochs in progress on that thread,
+    innermost last (`ACTIVE.stack`). `step()` and `phase()` attribute to the top one of their
+    own thread; an epoch that starts while another loader's step of the same thread is open
+    (validation inside a training step) is subtracted from that step's compute. Weak, so that
+    a loop that breaks drops its iterator (and its worker processes) at once. `by_thread()`
+    lists every thread's stack, for the stall detector (sampler thread)."""
+
+    _all: dict = {}  # thread ident -> that thread's stack (shared by all threads)
+
+    def __init__(self) -> None:
+        self.stack = []
+        _ActiveStacks._all[get_ident()] = self.stack  # a reused ident replaces a dead thread's
+
+    def by_thread(self) -> list:
+        """(thread ident, its stack) for every thread that started an epoch."""
+        return list(_ActiveStacks._all.items())
+
+    def clear(self) -> None:
+        """Every thread's stack (a forked child owns none of the parent's epochs)."""
+        for _, stack in self.by_thread():
+            stack.clear()
+        _ActiveStacks._all.clear()
+        self.stack = []
+        _ActiveStacks._all[get_ident()] = self.stack
+
+
+ACTIVE = _ActiveStacks()
+
+# (loader state, when iter() was called, thread ident) while iter(loader) runs (worker start-up), innermost
 # last: the stall detector reads it (and each iterator's waiting_since()) instead of the
 # training thread's frames, which another thread cannot walk safely (CPython 3.11 can crash:
 # python/cpython#111363).
@@ -38,9 +64,9 @@ class WatchedIterator:
     __slots__ = ("_it", "_state", "_buffer", "_capacity", "_key", "_epoch", "_step",
                  "_t_call", "_t_ret", "_extra_wait", "_open", "_marked", "_excluded", "_step_ns",
                  "_step_used", "_in_step", "_phases", "_bs", "_first", "_probe_bs", "_startup",
-                 "_parent", "_parent_step", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
+                 "_parents", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
                  "_cpu_probe", "_times", "_segment", "_reads_left", "_last_segment", "_t_wait",
-                 "__weakref__")
+                 "_spans", "_active", "__weakref__")
 
     def __init__(self, inner, state, t_iter_call: int, t_iter_ret: int) -> None:
         self._it = inner
@@ -48,13 +74,16 @@ class WatchedIterator:
         self._buffer = state.buffer
         self._capacity = state.capacity
         self._epoch = state.totals.epochs
-        self._key = (state.index, self._epoch)
+        # The thread (lane) is part of the key: delivery subtracts the waits of the other
+        # loaders of the same thread from a step's compute (records.columns, overlap.py).
+        self._key = (state.index, self._epoch, get_ident())
         state.totals.epochs += 1
         self._step = 0
         self._open = False
         self._extra_wait = 0  # the epoch's start-up, added to the first step's wait
         self._marked = False  # step(), phase(), a nested loop or a CUDA event touched this step
         self._excluded = 0
+        self._spans = None  # (start, end) of the epochs nested in the open step, for delivery
         self._step_ns = 0
         self._step_used = False
         self._in_step = False
@@ -73,13 +102,21 @@ class WatchedIterator:
         self._reads_left = 0  # how long that list may grow: the buffer's room, in clock reads
         self._last_segment = None  # the one before, until the shipper has taken all of it
         self._t_wait = 0  # when the general path's next() began, while it runs (else 0)
-        parent = ACTIVE[-1]() if ACTIVE else None
-        if parent is not None and parent._open:
-            self._parent, self._parent_step = parent._wref, parent.current_step()
-        else:
-            self._parent, self._parent_step = None, -1
+        active = self._active = ACTIVE.stack  # this thread's: _end may run on another one
+        # The innermost steps open on this thread (one loader's, or those of loaders advanced
+        # together), down to the ones they are nested in: an epoch that ends inside them is
+        # taken out of each (validation inside a training step).
+        parents, ancestors = None, set()
+        for ref in reversed(active):
+            if ref in ancestors:
+                break
+            parent = ref()
+            if parent is not None and parent._open:
+                parents = (parents or ()) + ((ref, parent.current_step()),)
+                ancestors.update(r for r, _ in parent._parents or ())
+        self._parents = parents
         self._wref = weakref.ref(self)
-        ACTIVE.append(self._wref)
+        active.append(self._wref)
         state.current = self._wref
         state.session.live_iterators.add(self)
 
@@ -176,6 +213,21 @@ class WatchedIterator:
             return times[n - 1] if n % 2 else None
         return self._t_wait or None
 
+    def open_wait(self) -> tuple | None:
+        """(key, t_call, t_return, wait ns) of the step in progress when its batch has come
+        back but no record holds it yet, else None. Read by the shipper thread: delivery needs
+        every wait of a thread that ended before a step it subtracts them from (overlap.py)."""
+        key, times = self._key, self._times
+        if times is not None:  # the fast path: an even count means called and returned
+            n = len(times)
+            return (key, times[n - 2], times[n - 1], times[n - 1] - times[n - 2]) if n % 2 == 0 else None
+        if not self._open or self._ended:
+            return None
+        t_call, t_ret = self._t_call, self._t_ret  # two reads: another step may come between
+        if not t_call <= t_ret or not self._open:
+            return None
+        return key, t_call, t_ret, t_ret - t_call + self._extra_wait
+
     def current_step(self) -> int:
         """The step in progress (or the next one), also while the fast path runs."""
         segment, times = self._segment, self._times
@@ -191,8 +243,11 @@ class WatchedIterator:
 
     def _failed(self, exc: BaseException, t_call: int) -> None:
         t = _now()
-        # Worker join at the epoch's end (or a failing loader): wait, but not a step.
+        # Worker join at the epoch's end (or a failing loader): wait, but not a step. Its
+        # interval goes to delivery as a mark: it is no other loader's compute either.
         self._state.totals.epoch_end_wait_ns += t - t_call
+        if len(self._buffer) < self._capacity:
+            self._buffer.append((self._key, t_call, t, t - t_call, "end"))
         if isinstance(exc, StopIteration):
             self._end(t)
 
@@ -212,6 +267,9 @@ class WatchedIterator:
 
     def _first_batch(self, batch) -> None:
         self._first = False
+        key = self._key
+        if key[2] != get_ident():  # iter() on one thread, the batches taken on another
+            self._key = (key[0], key[1], get_ident())
         self._extra_wait = self._startup
         self._startup = 0
         if self._probe_bs:
@@ -235,7 +293,8 @@ class WatchedIterator:
             self._gpu.release(token)
 
     def _close_step(self, t_end: int) -> None:
-        wait = self._t_ret - self._t_call + self._extra_wait
+        startup = self._extra_wait
+        wait = self._t_ret - self._t_call + startup
         self._extra_wait = 0
         loop_ns = t_end - self._t_ret - self._excluded
         if self._step_used:
@@ -243,16 +302,23 @@ class WatchedIterator:
             other = loop_ns - compute if loop_ns > compute else 0
         else:
             compute, other = (loop_ns if loop_ns > 0 else 0), 0
+        spans = self._spans
+        # Delivery reads the step's return and end from start, wait, compute and other; when
+        # they cannot tell (start-up, nested epochs, a step() block longer than the step),
+        # the record says them (record_layout.py).
+        exact = None if spans is None and not startup and loop_ns == compute + other else (
+            spans, self._t_epoch, startup, t_end)
         buffer = self._buffer
         if len(buffer) < self._capacity:
             buffer.append((self._key, self._step, self._t_call, wait, compute, self._bs,
-                           other, self._token, self._phases))
+                           other, self._token, self._phases, exact))
         else:
             self._drop(wait, compute, other, self._token)
         self._step += 1
         self._open = False
         self._marked = False
         self._excluded = 0
+        self._spans = None
         self._step_ns = 0
         self._step_used = False
         self._in_step = False
@@ -271,16 +337,20 @@ class WatchedIterator:
         self.__class__ = WatchedIterator
         if self._step == 0 and self._startup:
             self._state.totals.epoch_end_wait_ns += self._startup
-        parent = self._parent() if self._parent is not None else None
-        if parent is not None and parent._open and parent.current_step() == self._parent_step:
-            parent._excluded += t_end - self._t_epoch
-            parent.mark()
-        self._parent = None
+        for ref, step in self._parents or ():
+            parent = ref()
+            if parent is not None and parent._open and parent.current_step() == step:
+                parent._excluded += t_end - self._t_epoch
+                parent._spans = (parent._spans or ()) + ((self._t_epoch, t_end),)
+                parent.mark()
+        self._parents = None
+        ENDED_KEYS.append(self._key)  # the shipper learns which threads had several loaders
         self._it = None  # never pin a finished inner iterator (it may hold worker processes)
-        if ACTIVE and ACTIVE[-1] is self._wref:
-            ACTIVE.pop()
-        elif self._wref in ACTIVE:
-            ACTIVE.remove(self._wref)
+        active = self._active
+        if active and active[-1] is self._wref:
+            active.pop()
+        elif self._wref in active:
+            active.remove(self._wref)
         self._state.session.live_iterators.discard(self)
 
     def close(self) -> None:
@@ -361,7 +431,7 @@ class FastGpuWatchedIterator(WatchedIterator):
 def start_epoch(state, make_inner):
     state = state.attached()
     t0 = _now()
-    starting = (state, t0)
+    starting = (state, t0, get_ident())
     STARTING.append(starting)
     try:
         inner = make_inner()
@@ -483,7 +553,8 @@ def set_loader_lookup(lookup) -> None:
 
 def _target(loader):
     if loader is None:
-        return ACTIVE[-1]() if ACTIVE else None
+        active = ACTIVE.stack
+        return active[-1]() if active else None
     state = None
     if isinstance(loader, str):
         state = _loader_by_name(loader)
@@ -543,7 +614,8 @@ class _PhaseTimer:
         self.name = str(name)
 
     def __enter__(self):
-        self._it = ACTIVE[-1]() if ACTIVE else None
+        active = ACTIVE.stack
+        self._it = active[-1]() if active else None
         self._t0 = _now()
         return self
 

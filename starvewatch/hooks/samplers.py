@@ -218,28 +218,34 @@ class StallDetector:
         self.open: dict[str, dict] = {}
         self.stack_requests: list[tuple] = []  # (loader, started_ns, pid, signal, path)
 
-    def _waiting_since(self):
-        """(loader state, its iterator or None, when the wait began, "next" or "iter"): the
-        innermost watched loader whose next() or iter() is in progress, from the iterators'
-        own state; None when none is. Never the training thread's frames: walking another
-        thread's frames (f_back, f_code, f_locals) can crash CPython 3.11
+    def _waiting(self) -> list[tuple]:
+        """(loader state, its iterator or None, when the wait began, "next" or "iter") of every
+        wait in progress: per thread, the innermost watched loader whose next() is in
+        progress (a loader iterated on another thread waits on its own), and every iter() in
+        progress. From the iterators' own state, never the training threads' frames: walking
+        another thread's frames (f_back, f_code, f_locals) can crash CPython 3.11
         (python/cpython#111363), and did in this test suite."""
         from .loader import ACTIVE, STARTING
-        for ref in reversed(list(ACTIVE)):  # innermost first
-            it = ref()
-            since = it.waiting_since() if it is not None else None
-            if since is not None:
-                return it._state, it, since, "next"
-        starting = STARTING[-1] if STARTING else None  # inside iter(loader): worker start-up
-        return (starting[0], None, starting[1], "iter") if starting else None
+        out, threads = [], set()
+        for thread, stack in ACTIVE.by_thread():
+            for ref in reversed(list(stack)):  # innermost first
+                it = ref()
+                since = it.waiting_since() if it is not None else None
+                if since is not None:
+                    out.append((it._state, it, since, "next"))
+                    threads.add(thread)
+                    break
+        # iter() in progress (worker start-up), on a thread not waiting for a next() already
+        out += [(state, None, t0, "iter") for state, t0, thread in list(STARTING) if thread not in threads]
+        return out
 
     def check(self, worker_snapshots: dict[str, dict]) -> None:
         settings = self.session.settings
-        waiting = self._waiting_since()
         now_perf = time.perf_counter_ns()
-        current_key = None
-        if waiting is not None and waiting[0] is not None and waiting[2] is not None:
-            state, it, t_call, phase = waiting
+        stalled: set[str] = set()
+        for state, it, t_call, phase in self._waiting():
+            if state is None or t_call is None or state.name in stalled:
+                continue
             name = state.name
             wait_ns = now_perf - t_call
             median_ns, threshold_ns = None, settings.stall_min_s * 1e9
@@ -248,7 +254,7 @@ class StallDetector:
                 median_ns = stats.steady_wait().quantile(0.5) if stats is not None and stats.wait.count else None
                 threshold_ns = max(threshold_ns, settings.stall_median_factor * (median_ns or 0))
             if wait_ns > threshold_ns:
-                current_key = (name, t_call)
+                stalled.add(name)
                 started_ns = t_call + self.session.wall_offset_ns
                 if name in self.open and self.open[name]["started_ns"] != started_ns:
                     self._end(name)  # another wait of the same loader: that stall is over
@@ -272,7 +278,7 @@ class StallDetector:
                     event["wait_s"] = wait_ns / 1e9
                     self._refresh_worker_state(event, worker_snapshots.get(name))
         for name in list(self.open):
-            if current_key is None or current_key[0] != name:
+            if name not in stalled:
                 self._end(name)
 
     def _end(self, name: str) -> None:
@@ -396,6 +402,9 @@ class Sampler(threading.Thread):
                         current = state.current() if state.current is not None else None
                         if current is not None:
                             current.probe_cpu()
+                        # Held past here, a dropped iterator (zip's partner when the loop ends)
+                        # would keep its last step open until this thread lets go.
+                        current = None
                         watch = self.loader_watches.setdefault(state.name, LoaderWatch(state))
                         snapshot = watch.sample(lookup, self.worker_memory)
                         if snapshot is not None:

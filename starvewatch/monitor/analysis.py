@@ -42,6 +42,12 @@ def loop_ns(t: LoaderTotals) -> int:
     return wait_total_ns(t) + t.compute_ns
 
 
+def wall_ns(t: LoaderTotals) -> int:
+    """The wall time of this loader's loop: its steps' time, the other loaders' waits inside
+    them included (loaders advanced together on one thread, hooks/delivery/overlap.py)."""
+    return loop_ns(t) + t.other_ns + t.other_loaders_wait_ns
+
+
 def fraction(numerator: float, denominator: float) -> float | None:
     return numerator / denominator if denominator > 0 else None
 
@@ -63,7 +69,8 @@ def _step_time(t: LoaderTotals, rec: RecordStats | None) -> dict:
     spread comes from the wait and compute histograms (treated as independent)."""
     spreads = [h.variance() for h in (rec.wait, rec.compute)] if rec else [None]
     sd = math.sqrt(sum(spreads)) / 1e6 if None not in spreads else None
-    return {"mean_ms": loop_ns(t) / t.steps / 1e6 if t.steps else None, "sd_ms": sd, "steps": t.steps,
+    return {"mean_ms": (loop_ns(t) + t.other_loaders_wait_ns) / t.steps / 1e6 if t.steps else None,
+            "sd_ms": sd, "steps": t.steps,
             "samples_per_step": t.samples / t.steps if t.steps and t.samples_known and t.samples else None}
 
 
@@ -71,7 +78,7 @@ def loader_summary(data: LoaderData) -> dict:
     t, rec = data.totals, data.records
     f = fraction(wait_total_ns(t), loop_ns(t))
     # Wall time one rank spent in this loader's loop; ranks run in parallel.
-    elapsed_s = (loop_ns(t) + t.other_ns) / max(1, len(data.ranks)) / 1e9
+    elapsed_s = wall_ns(t) / max(1, len(data.ranks)) / 1e9
     gpu_idle = fraction(rec.gpu_idle_ns, rec.gpu_loop_ns) if rec and rec.gpu_measured_steps else None
     return {
         "name": data.name,
@@ -100,7 +107,8 @@ def summarize(run: dict, loaders: list[LoaderData], *, stalls=(), system: dict |
 
     loader_parts = [loader_summary(d) for d in loaders]
     total_wait = sum(wait_total_ns(d.totals) for d in loaders)
-    total_loop = sum(loop_ns(d.totals) for d in loaders)
+    # Loaders advanced together on one thread each count the loop body as compute: once here.
+    total_loop = sum(loop_ns(d.totals) - d.totals.shared_compute_ns for d in loaders)
     f = fraction(total_wait, total_loop)
     gpu_idle = sum(d.records.gpu_idle_ns for d in loaders if d.records)
     gpu_loop = sum(d.records.gpu_loop_ns for d in loaders if d.records)

@@ -60,6 +60,8 @@ class LoaderTotalsModel(Strict):
     dropped_records: NonNegInt = 0
     wait_probe_ns: NonNegInt = 0
     wait_probe_cpu_ns: NonNegInt = 0
+    other_loaders_wait_ns: NonNegInt = 0
+    shared_compute_ns: NonNegInt = 0
 
 
 class Open(Strict):

@@ -9,13 +9,19 @@ So both produce the same payloads and the same summary.
 from __future__ import annotations
 
 import itertools
+import logging
 import marshal
 from operator import itemgetter, sub
 
+from ...logonce import RateLimitedLog
 from ...schema import STEP_COLUMNS
 from ...stats import LoaderTotals, RecordStats
-from ...record_layout import FULL_RECORD_LEN, R_COMPUTE, R_GPU, R_OTHER, R_PHASES, R_WAIT, expand_reads
+from ...record_layout import (FULL_RECORD_LEN, HORIZON_RECORD_LEN, OPEN_WAIT_RECORD_LEN, R_COMPUTE, R_EXACT,
+                              R_GPU, R_OTHER, R_PHASES, R_WAIT, expand_reads, full_return_end)
 from .account import add_accounts, empty_account
+from .overlap import Lanes, split_marks
+
+_overlap_errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
 from .transport import Delivery
 
 
@@ -45,22 +51,35 @@ def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict
     """Records to wire columns with C-level itemgetter maps (about 5x a Python loop). Most
     records are raw clock reads from the fast path; the few from the general path (a CPU
     probe, an epoch's first step, `step()` users, GPU measurements) carry durations and
-    extras and are patched in by position."""
+    extras and are patched in by position. The clocks and the shipper's marks (no steps) are
+    kept under "lanes" for `settle`, which takes the other loaders' waits on the same thread
+    out of each step's compute."""
+    lengths = list(map(len, records))
+    marks: list[tuple] = []
+    if HORIZON_RECORD_LEN in lengths or OPEN_WAIT_RECORD_LEN in lengths:
+        records, marks = split_marks(records, lengths, (HORIZON_RECORD_LEN, OPEN_WAIT_RECORD_LEN))
+        lengths = None
     records = expand_reads(records)
     n = len(records)
     col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
-    t_call, t3, t4 = col(2), col(3), col(4)
-    waits, computes = list(map(sub, t3, t_call)), list(map(sub, t4, t3))
+    t_call, t_ret, t_end = col(2), col(3), col(4)
+    waits, computes = list(map(sub, t_ret, t_call)), list(map(sub, t_end, t_ret))
     others, gpus, phases = [0] * n, [None] * n, []
+    nested: dict[int, tuple] = {}  # position -> (nested spans, start-up ns, epoch start)
     for i in _positions(list(map(len, records)), FULL_RECORD_LEN):
         r = records[i]
         waits[i], computes[i], others[i], gpus[i] = r[R_WAIT], r[R_COMPUTE], r[R_OTHER], r[R_GPU]
+        t_ret[i], t_end[i] = full_return_end(r)
+        exact = r[R_EXACT]
+        if exact is not None and (exact[0] or exact[2] > 0):
+            nested[i] = (exact[0], exact[2], exact[1])  # (nested spans, start-up ns, epoch start)
         if r[R_PHASES]:
             phases += [[names[r[0][0]], r[0][1], r[1], name, ns] for name, ns in r[R_PHASES].items()]
     keys = col(0)
     distinct = set(keys)
     if len(distinct) == 1:  # one loader, one epoch: the usual case
-        (index, epoch), = distinct
+        key, = distinct
+        index, epoch = key[0], key[1]
         indexes, epochs, loader_names = [index] * n, [epoch] * n, [names[index]] * n
     else:
         indexes, epochs = list(map(itemgetter(0), keys)), list(map(itemgetter(1), keys))
@@ -68,7 +87,29 @@ def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict
     return {"index": indexes, "loader": loader_names, "epoch": epochs, "step": col(1),
             "start_ns": list(map(wall_offset_ns.__add__, t_call)), "wait_ns": waits,
             "compute_ns": computes, "other_ns": others, "batch_size": col(5),
-            "gpu_idle_ns": gpus, "phases": phases}
+            "gpu_idle_ns": gpus, "phases": phases,
+            # not step columns of the wire: they go into the totals (RecordBook.add), once
+            # settle() has taken the other loaders' waits out (overlap.py)
+            "shared_compute_ns": [0] * n, "other_loaders_wait_ns": [0] * n,
+            "lanes": (keys, t_call, t_ret, t_end, nested, marks)}
+
+
+def settle(chunks: list[dict], lanes: Lanes) -> None:
+    """The other loaders' waits out of the compute of a batch's chunks (in place), once every
+    chunk's waits are known (overlap.py). Never loses a record: should this fail, the steps
+    keep their compute as measured (one console line)."""
+    try:
+        for cols in chunks:
+            lanes.register(cols["lanes"])
+        adjusted = [lanes.adjust(cols["lanes"], list(cols["compute_ns"]), list(cols["other_ns"]))
+                    for cols in chunks]
+    except Exception as exc:  # a record shape nobody foresaw: measured as one loader each
+        _overlap_errors.error(type(exc).__name__, "starvewatch: several loaders on one thread: %r", exc)
+        lanes.lanes.clear()
+        return
+    for cols, (computes, others, shared, taken) in zip(chunks, adjusted):
+        cols["compute_ns"], cols["other_ns"] = computes, others
+        cols["shared_compute_ns"], cols["other_loaders_wait_ns"] = shared, taken
 
 
 class RecordBook:
@@ -80,6 +121,9 @@ class RecordBook:
         self.stats: dict[int, RecordStats] = {}
         self.seq = 0
         self.vectorized = vectorized  # numpy for the histograms: the sidecar, not the trainer
+        # Recent waits per thread, for steps still to come (overlap.py). Not in to_dict: after
+        # a take-over from a dead sidecar the first steps may keep a few other loaders' waits.
+        self.lanes = Lanes()
 
     def add(self, cols: dict) -> None:
         indexes = cols["index"]
@@ -97,6 +141,8 @@ class RecordBook:
             totals.wait_ns += sum(waits)
             totals.compute_ns += sum(computes)
             totals.other_ns += sum(pick(cols["other_ns"]))
+            totals.shared_compute_ns += sum(pick(cols["shared_compute_ns"]))
+            totals.other_loaders_wait_ns += sum(pick(cols["other_loaders_wait_ns"]))
             unknown = sizes.count(None)
             totals.samples += sum(b for b in sizes if b is not None) if unknown else sum(sizes)
             if unknown:
@@ -144,26 +190,39 @@ class LocalPipeline:
         self.delivery = delivery
         self.wall_offset_ns = wall_offset_ns
         self.current_book = RecordBook(vectorized=vectorized)
-        self._batch: dict | None = None
+        self._chunks: list[dict] = []  # columns of the records added since the last send
+        self._pending = 0
         # What a sidecar settled before this pipeline took over (acknowledged and dropped; the
         # spool's part is read from the spool itself).
         self.inherited = empty_account()
 
     def pending(self) -> int:
-        return len(self._batch["step"]) if self._batch is not None else 0
+        return self._pending
 
     def add(self, records: list[tuple], names: list[str]) -> None:
         cols = columns(records, names, self.wall_offset_ns)
-        self.current_book.add(cols)
-        if self._batch is None:
-            self._batch = cols
-        else:
+        self._chunks.append(cols)
+        self._pending += len(cols["step"])
+
+    def _settled_batch(self) -> dict | None:
+        """The chunks added since the last send, settled (records.settle), in the book, as
+        one batch of columns."""
+        chunks, self._chunks, self._pending = self._chunks, [], 0
+        if not chunks:
+            return None
+        settle(chunks, self.current_book.lanes)
+        batch = chunks[0]
+        self.current_book.add(batch)
+        for cols in chunks[1:]:
+            self.current_book.add(cols)
             for name, values in cols.items():
-                self._batch[name].extend(values)
+                if name != "lanes":
+                    batch[name].extend(values)
+        return batch
 
     def send(self, header: dict, deadline: float | None = None) -> int:
         """Deliver one batch; returns its number of step records."""
-        batch, self._batch = self._batch, None
+        batch = self._settled_batch()
         book = self.current_book
         loaders = [dict(loader, totals=book.merged(index, LoaderTotals.from_dict(loader["totals"])).to_dict())
                    for index, loader in enumerate(header["loaders"])]

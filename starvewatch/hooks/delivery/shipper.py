@@ -12,8 +12,10 @@ from ...limits import MAX_STEP_RECORDS
 from ...logonce import RateLimitedLog
 from ...schema import EVENTS_SCHEMA
 from ..cuda import PENDING
-from ...record_layout import READS_RECORD_LEN, R_GPU, Segment, count_steps, reads_steps
+from ...record_layout import (ENDED_KEYS, READS_RECORD_LEN, R_GPU, Segment, count_steps, reads_steps,
+                              record_end, record_wait)
 from .account import quiet_console
+from .overlap import lane_of
 from .records import RecordBook
 from .transport import TransportError
 
@@ -54,7 +56,10 @@ class Shipper(threading.Thread):
         self.driven_at = 0.0  # the last cycle the sampler thread ran
         self._meta_sent = False
         self._pending_gpu: list[tuple[float, tuple]] = []
-        self._segments: list[Segment] = []  # fast-path segments still running or not all taken
+        # Fast-path segments still running or not all taken, and records closed after a
+        # cycle's horizon, in buffer order: the next cycle takes them first.
+        self._carried: list = []
+        self._multi_lanes: set = set()  # threads with steps of several loaders (or epochs) last cycle
         self.shipped_records = 0
         self.errors: list[str] = []
         quiet_console(session.settings.quiet)
@@ -129,36 +134,84 @@ class Shipper(threading.Thread):
         _errors.error(text.split(": ", 1)[-1].split("(")[0], "starvewatch: shipping records failed: %s", text)
 
     # ---- one cycle ------------------------------------------------------------------------
-    def _take(self, n: int) -> list[tuple]:
+    def _take(self, n: int, final: bool = False) -> tuple[list[tuple], list[tuple]]:
         """The oldest `n` items of the buffer, all at once: two C-level calls (~2 ns an item
         against ~35 for popping one by one), each atomic under the GIL; the training thread
         only appends at the end meanwhile, so the front stays what was sliced. Then the
-        records: fast-path segments (taken before, then in buffer order) as reads records
-        (record_layout.py), in order with each loader's other records."""
+        records: fast-path segments as reads records (record_layout.py), in order with each
+        loader's other records. Returns (marks, records).
+
+        Only the steps closed by the cycle's horizon (a clock read before anything else) are
+        taken; the rest waits for the next cycle, in order. The marks give the horizon and the
+        waits that ended by then in steps not taken (in progress, or closed after it), so
+        every wait of a thread that ended before a shipped step closed is shipped with it or
+        before: delivery subtracts them from the compute of the other loaders of that thread
+        (overlap.py). The final cycle takes everything."""
         buffer = self.session.buffer
+        before_horizon = len(buffer)  # appended before the horizon: closed before it
+        horizon = None if final else time.perf_counter_ns()
+        multi = self._multi_lanes = self._lanes_of_several(horizon is not None)  # read after it
+        marks = [(horizon,)] if horizon is not None else []
+        marks += [wait + ("open",) for wait in self._open_waits(multi)]
         items = buffer[:n]
         del buffer[:len(items)]
-        if not self._segments and not any(type(item) is Segment for item in items):
-            return items
+        carried, self._carried = self._carried, []
+        if not carried and not any(type(item) is Segment for item in items):
+            if horizon is None or all(record_end(item) <= horizon for item in items[before_horizon:]):
+                return marks, items
         records: list[tuple] = []
-        segments, self._segments = self._segments, []
-        for item in segments + items:  # segments from earlier cycles first: older than anything taken now
+        checked = len(carried) + (before_horizon if horizon is not None else len(items))
+        for position, item in enumerate(carried + items):  # carried ones first: older than anything taken now
             if type(item) is not Segment:
-                records.append(item)
+                if position >= checked and horizon is not None and record_end(item) > horizon:
+                    self._carried.append(item)  # closed after the horizon: next cycle
+                    if lane_of(item[0]) in multi:
+                        marks.append(record_wait(item) + ("open",))
+                else:
+                    records.append(item)
                 continue
-            final = item.final  # read before the length: a final segment gets no more reads
+            final_segment = item.final  # read before the length: a final segment gets no more reads
             while True:
-                chunk = item.take(SEGMENT_TAKE_STEPS)  # one slice of its reads (C-level)
+                chunk = item.take(SEGMENT_TAKE_STEPS, horizon)  # one slice of its reads (C-level)
                 records += chunk
                 if not chunk or reads_steps(chunk[0]) < SEGMENT_TAKE_STEPS:
                     break
-            if not final:
-                self._segments.append(item)
-                if len(item.times) > SEGMENT_ROTATE_READS:
+            if multi and lane_of(item.key) in multi:
+                wait = item.wait_before(horizon)
+                if wait is not None:
+                    marks.append(wait + ("open",))
+            if not final_segment or not item.done():
+                self._carried.append(item)
+                if not final_segment and len(item.times) > SEGMENT_ROTATE_READS:
                     owner = item.owner()
                     if owner is not None:
                         owner.rotate(item)
-        return records
+        return marks, records
+
+    def _lanes_of_several(self, cycle: bool) -> set:
+        """The threads where several loaders (or epochs) have steps: those of the live
+        iterators and of the epochs ended since the last cycle. Waits are marked only there:
+        elsewhere no other loader's step can hold them."""
+        ended = ENDED_KEYS[:]
+        del ENDED_KEYS[:len(ended)]
+        if not cycle:
+            return set()
+        lanes: dict = {}
+        for key in ended + [it._key for it in self._live()]:
+            lanes.setdefault(lane_of(key), set()).add(key)
+        return {lane for lane, keys in lanes.items() if len(keys) > 1}
+
+    def _live(self) -> list:
+        return [it for it in map(lambda ref: ref(), list(self.session.live_iterators.data)) if it is not None]
+
+    def _open_waits(self, multi: set) -> list[tuple]:
+        """The waits of the steps in progress on those threads whose batch has come back. The
+        iterators are held only in here: one held past its loop's end would keep its last step
+        open longer."""
+        if not multi:
+            return []
+        waits = [it.open_wait() for it in self._live() if lane_of(it._key) in multi]
+        return [wait for wait in waits if wait is not None]
 
     def _resolve_gpu(self, records: list[tuple], final: bool) -> list[tuple]:
         """Replace event tokens by GPU idle ns. A record whose events are still pending is held
@@ -206,7 +259,7 @@ class Shipper(threading.Thread):
         limit = min(session.settings.max_batch_records, MAX_STEP_RECORDS)  # limits.py: the collector's
         deadline = time.monotonic() + session.settings.flush_timeout_s if final else None
         extra = session.drain_events()
-        backlog = self._take(len(session.buffer))
+        marks, backlog = self._take(len(session.buffer), final)
         left, start = len(backlog), 0
         sent = False
         try:
@@ -223,6 +276,11 @@ class Shipper(threading.Thread):
                 start += n
                 if self._pending_gpu or (records and session.gpu_timer_if_any() is not None):
                     records = self._resolve_gpu(records, final and left <= 0)
+                    # held back for their GPU events: their waits go now (overlap.py)
+                    marks += [record_wait(held) + ("open",) for _, held in self._pending_gpu
+                              if lane_of(held[0]) in self._multi_lanes]
+                if marks:  # with the cycle's first chunk
+                    records, marks = marks + records, []
                 if records:
                     pipeline.add(records, [state.name for state in session.loader_list])
                 if pipeline.pending() and (pipeline.pending() >= limit or left <= 0):
