@@ -1,6 +1,9 @@
 """Instructions per batch of the fast loop, per thread (valgrind callgrind, --separate-threads).
 
-    python benchmarks/instructions_per_thread.py 5000 [bare] [watched] [list] [step]
+    python benchmarks/instructions_per_thread.py 5000 [bare] [watched] [list] [step] [--out FILE]
+
+A mode may name the hot path's core: `watched:c`, `list:python` (STARVEWATCH_CORE; without one,
+the default core). --out writes the figures as JSON (benchmarks/results/instructions_per_thread.json).
 
 bare / watched: DataLoader(TensorDataset, batch_size=1, num_workers=0), step `b[0] + 1`;
 list: watch(list(range(n))) with an empty body (our own per-item code alone); step: the same
@@ -52,12 +55,27 @@ def counted(mode, n, env):
             if m: per[f.rsplit("-", 1)[-1]] = int(m.group(1))
         if os.environ.get("KEEP"): subprocess.run(["cp"] + glob.glob(str(out) + "*") + ["/tmp/i20/"])
         return per, json.loads(p.stdout.strip().splitlines()[-1])["loop_s"]
+def _measured_at():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 if __name__ == "__main__":
     if sys.argv[1] == "--child": child(sys.argv[2], int(sys.argv[3]), None); sys.exit()
-    n = int(sys.argv[1]); modes = sys.argv[2:] or ["bare", "watched"]
+    args = sys.argv[1:]; out_file = None
+    if "--out" in args: i = args.index("--out"); out_file = args[i + 1]; del args[i:i + 2]
+    n = int(args[0]); modes = args[1:] or ["bare", "watched"]
+    results = {"measured_at": _measured_at(), "cpu_count": os.cpu_count(), "load_average": list(os.getloadavg()),
+               "batches": n, "per_batch": {}}
     env = dict(os.environ, PYTHONHASHSEED="0", STARVEWATCH_URL="off", STARVEWATCH_AUTOSTART="0", STARVEWATCH_QUIET="1", STARVEWATCH_DIR="/tmp/i20/swcg")
     stretch = float(os.environ.get("STRETCH", "60"))
     for k, d in (("SHIP", 0.5), ("HOST", 0.5), ("GPU", 1.0)): env[f"STARVEWATCH_{k}_INTERVAL_S"] = str(d * stretch)
     for m in modes:
-        per, s = counted(m, n, env)
-        print(m, {k: round(v / n) for k, v in per.items()}, "total/batch", round(sum(per.values()) / n), "loop_s", round(s, 2), flush=True)
+        mode, _, core = m.partition(":")
+        run_env = dict(env, STARVEWATCH_CORE=core) if core else env
+        per, s = counted(mode, n, run_env)
+        threads = {k: round(v / n) for k, v in per.items()}
+        print(m, threads, "total/batch", round(sum(per.values()) / n), "loop_s", round(s, 2), flush=True)
+        # "01" is the training thread (valgrind numbers threads from 1 in start order)
+        results["per_batch"][m] = {"training_thread": threads.get("01"), "process": round(sum(per.values()) / n),
+                                   "threads": threads, "loop_s": round(s, 2)}
+    if out_file:
+        results["load_average_end"] = list(os.getloadavg())
+        Path(out_file).write_text(json.dumps(results, indent=2) + "\n")

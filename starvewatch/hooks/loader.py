@@ -251,6 +251,13 @@ class WatchedIterator:
         if isinstance(exc, StopIteration):
             self._end(t)
 
+    def _fast_failed(self, exc: BaseException, t_call: int) -> None:
+        """The fast path's next() raised (the end of the epoch, a failing loader): shared by
+        the Python and the compiled fast path (hooks/core.py), which re-raise after it."""
+        self.__class__ = WatchedIterator
+        self._leave_fast()  # the step was closed by the call's clock read; none is open
+        self._failed(exc, t_call)
+
     def rotate(self, segment) -> None:
         """Called from the shipper thread: end this fast-path segment at the next batch (the
         general path starts a new one), so that no segment's list grows without bound."""
@@ -384,9 +391,7 @@ class FastWatchedIterator(WatchedIterator):
         try:
             batch = next(self._it)
         except BaseException as exc:
-            self.__class__ = WatchedIterator
-            self._leave_fast()  # the step was closed above; none is open
-            self._failed(exc, t_call)
+            self._fast_failed(exc, t_call)
             raise
         times.append(_now())
         return batch
@@ -639,3 +644,10 @@ class _PhaseTimer:
             with _PhaseTimer(name):
                 return fn(*args, **kwargs)
         return wrapper
+
+
+# The fast path's __next__: compiled (starvewatch._ccore) where it is available, else the
+# Python one above; STARVEWATCH_CORE=python|c forces either (hooks/core.py).
+from . import core as _core  # noqa: E402  (needs the classes above)
+
+_core.select(FastWatchedIterator, WatchedIterator)

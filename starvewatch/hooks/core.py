@@ -1,0 +1,113 @@
+"""Which implementation runs the hot path's fast `__next__`: compiled or pure Python.
+
+Like coverage.py's C tracer beside its Python one: the compiled core (starvewatch/_ccore.c,
+built by `pip install` where a C compiler is found) is chosen at import where it loads and
+works; pure Python runs everywhere else (no compiler, PyPy, a free-threaded build, a broken
+extension). `STARVEWATCH_CORE=python|c` forces either; a value that is neither, or `c` where
+the extension is unavailable, says so in one console line (at the run's start) and runs the default. Nothing here
+can stop training: any failure of the extension means the Python core.
+
+Only FastWatchedIterator's `__next__` differs between the two: the class switching, the
+general path and everything delivery reads are hooks/loader.py's, so the records match.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from time import perf_counter_ns
+
+ENV = "STARVEWATCH_CORE"
+CORES = ("c", "python")
+
+_fast_cls = None
+_python_next = None  # FastWatchedIterator.__next__ as loader.py defines it
+_c_next = None  # the compiled one, bound to WatchedIterator; None where unavailable
+_unavailable = "not loaded yet"  # why the compiled core cannot run, when it cannot
+_current = "python"
+
+
+def _load_c(general_cls) -> tuple[object | None, str]:
+    """(the compiled __next__, "") or (None, why not)."""
+    if sys.implementation.name != "cpython":
+        return None, f"{sys.implementation.name} runs the Python core"
+    if sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return None, "a free-threaded build runs the Python core (the fast path relies on the GIL)"
+    try:
+        from .. import _ccore
+    except ImportError as exc:
+        return None, f"the compiled extension is not installed ({exc})"
+    except Exception as exc:  # a broken build must never stop training
+        return None, f"the compiled extension failed to load ({type(exc).__name__}: {exc})"
+    try:
+        # the same clock as time.perf_counter_ns, or records from the two paths would not match
+        before = perf_counter_ns()
+        reading = _ccore.clock_ns()
+        after = perf_counter_ns()
+        if not before <= reading <= after:
+            return None, "the compiled extension's clock is not time.perf_counter_ns's"
+        return _ccore.bind(general_cls, general_cls.__next__, general_cls._fast_failed), ""
+    except Exception as exc:
+        return None, f"the compiled extension could not be bound ({type(exc).__name__}: {exc})"
+
+
+_notice = ""  # what the choice has to say on the console, said once by the run's init()
+
+
+def _say(message: str) -> None:
+    global _notice
+    _notice = f"starvewatch: {message}"
+
+
+def take_notice() -> str:
+    """The one console line about the choice ("" when there is none), once: the training
+    process's init() says it (not the sidecar, which imports the hooks too)."""
+    global _notice
+    notice, _notice = _notice, ""
+    return notice
+
+
+def select(fast_cls, general_cls, environ=os.environ) -> str:
+    """At import of hooks/loader.py: install the core the environment asks for (default: c
+    where available). Returns its name."""
+    global _fast_cls, _python_next, _c_next, _unavailable
+    _fast_cls = fast_cls
+    _python_next = fast_cls.__dict__["__next__"]
+    _c_next, _unavailable = _load_c(general_cls)
+    default = "c" if _c_next is not None else "python"
+    raw = environ.get(ENV)
+    wanted = default if raw is None or not raw.strip() else raw.strip().lower()
+    if wanted not in CORES:
+        _say(f"{ENV}={raw!r} is neither 'python' nor 'c': using the {default} core")
+        wanted = default
+    elif wanted == "c" and _c_next is None:
+        _say(f"{ENV}=c but {_unavailable}: using the python core")
+        wanted = "python"
+    return use(wanted)
+
+
+def use(core: str) -> str:
+    """Switch the fast path to `core` ("c" or "python"), also for live iterators (tests and
+    benchmarks run both in one process). ValueError for an unknown or unavailable core."""
+    global _current
+    if core not in CORES:
+        raise ValueError(f"core must be one of {CORES}, not {core!r}")
+    if core == "c" and _c_next is None:
+        raise ValueError(f"the c core is unavailable: {_unavailable}")
+    _fast_cls.__next__ = _c_next if core == "c" else _python_next
+    _current = core
+    return core
+
+
+def current() -> str:
+    """The core running now: "c" or "python" (the run's metadata and `starvewatch doctor`)."""
+    return _current
+
+
+def c_available() -> bool:
+    return _c_next is not None
+
+
+def why_not_c() -> str:
+    """Why the compiled core cannot run here ("" where it can)."""
+    return "" if _c_next is not None else _unavailable

@@ -1,0 +1,210 @@
+"""The hot path's two cores (issue 29): the compiled fast path (starvewatch/_ccore.c) and the
+pure-Python one record exactly the same steps; the core is chosen at import, forced with
+STARVEWATCH_CORE, shown in the run's metadata and by `starvewatch doctor`, and a missing or
+broken extension means the Python core, never a failed import."""
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import starvewatch
+from starvewatch.hooks import core, loader
+from starvewatch.hooks.delivery.transport import MemoryTransport
+
+REPO = Path(__file__).resolve().parent.parent
+STEP_COLUMNS = ("loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns", "batch_size")
+
+
+def test_the_compiled_core_is_built_in_this_checkout_and_is_the_default():
+    """CI and the dev install compile it (`pip install -e .`): a build that silently lost it
+    would test the Python core twice."""
+    assert core.c_available(), core.why_not_c()
+    out = subprocess.run([sys.executable, "-c", "from starvewatch.hooks import core, loader; print(core.current())"],
+                         env={k: v for k, v in os.environ.items() if k != core.ENV}, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "c"
+    assert type(loader.FastWatchedIterator.__dict__["__next__"]).__name__ == "method_descriptor"
+
+
+class SharedClock:
+    """One deterministic clock for both paths: hooks/loader.py's `_now` and the extension's
+    reads (set_clock), counting who read it."""
+
+    def __init__(self) -> None:
+        self._ticks = itertools.count(10**12, 997)
+        self.python_reads = 0
+        self.c_reads = 0
+
+    def python(self) -> int:
+        self.python_reads += 1
+        return next(self._ticks)
+
+    def compiled(self) -> int:
+        self.c_reads += 1
+        return next(self._ticks)
+
+
+def _rows(transport) -> list[tuple]:
+    """The shipped steps, their starts from the run's first (the wall clock's offset at init
+    differs between two runs; the clock reads do not)."""
+    rows = []
+    for payload in transport.payloads:
+        steps = payload.get("steps")
+        if steps:
+            rows.extend(zip(*(steps[c] for c in STEP_COLUMNS)))
+    first = rows[0][3] if rows else 0
+    return [row[:3] + (row[3] - first,) + row[4:] for row in rows]
+
+
+def _a_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], SharedClock, dict]:
+    """Three epochs with every kind of step on one clock: fast-path runs, step() and phase()
+    blocks (the general path and back), a nested validation loop, a break, the end."""
+    from starvewatch import _ccore
+    clock = SharedClock()
+    core.use(core_name)
+    monkeypatch.setattr(loader, "_now", clock.python)
+    _ccore.set_clock(clock.compiled)
+    try:
+        transport = MemoryTransport()
+        session = starvewatch.init("same-clock", transport=transport)
+        # The shipper cycles at known points (not on its timer), so that both runs take the
+        # fast path at the same steps: after a general-path step it resumes once the shipper
+        # has taken the segment before.
+        session.shipper._stop_requested.set()
+        session.shipper._wake.set()
+        session.shipper.join(5)
+        train = starvewatch.watch(list(range(400)), name="train")
+        val = starvewatch.watch([[0, 1], [2, 3]] * 5, name="val")
+        for epoch in range(3):
+            for i, _ in enumerate(train):
+                if i % 97 == 13:
+                    with starvewatch.step():
+                        pass
+                if i % 151 == 7:
+                    with starvewatch.phase("forward"):
+                        pass
+                if i == 250:
+                    for _ in val:  # validation inside a training step
+                        pass
+                if i % 10 == 0:
+                    session.shipper.cycle()
+                if epoch == 1 and i == 333:
+                    break
+        session.shipper.cycle()  # the last epoch's end
+        session.shipper = type(session.shipper)(session, session.shipper.pipeline)  # fresh, not started
+        summary = starvewatch.finish()
+    finally:
+        _ccore.set_clock(None)
+    return _rows(transport), clock, summary["loaders"]
+
+
+def test_both_cores_fed_the_same_clock_record_exactly_the_same_steps(monkeypatch):
+    rows_python, clock_python, loaders_python = _a_training_with("python", monkeypatch)
+    rows_c, clock_c, loaders_c = _a_training_with("c", monkeypatch)
+    # Each core really ran its own fast path: the compiled one read most of the clock.
+    assert clock_python.c_reads == 0 and clock_python.python_reads > 2000
+    assert clock_c.c_reads > 2000 and clock_c.python_reads < clock_c.c_reads / 5
+    assert clock_c.c_reads + clock_c.python_reads == clock_python.python_reads  # the same reads
+    assert len(rows_python) == 400 + 334 + 400 + 3 * 10
+    assert rows_c == rows_python
+    assert [(l["name"], l["steps"], l["dropped_records"]) for l in loaders_c] == \
+        [(l["name"], l["steps"], l["dropped_records"]) for l in loaders_python]
+
+
+def test_the_compiled_fast_path_reads_the_same_clock_as_perf_counter_ns():
+    from time import perf_counter_ns
+
+    from starvewatch import _ccore
+    for _ in range(1000):
+        before = perf_counter_ns()
+        reading = _ccore.clock_ns()
+        assert before <= reading <= perf_counter_ns()
+
+
+@pytest.mark.parametrize("hot_path_core", ["python", "c"], indirect=True)
+def test_an_exception_and_the_end_leave_the_compiled_fast_path_as_the_python_one_does(hot_path_core):
+    """A loader that fails mid-epoch: the exception reaches the loop unchanged, the epoch
+    goes on being measured after it, and the exhausted epoch ends (StopIteration)."""
+    def flaky():
+        for i in range(300):
+            if i == 200:
+                raise KeyError("bad sample")
+            yield i
+
+    transport = MemoryTransport()
+    starvewatch.init("flaky", transport=transport)
+    watched = starvewatch.watch(flaky(), name="train")
+    seen = []
+    with pytest.raises(KeyError, match="bad sample"):
+        for x in watched:
+            seen.append(x)
+    assert seen == list(range(200))
+    assert list(watched) == []  # a generator that raised is exhausted: StopIteration at once
+    summary = starvewatch.finish()
+    assert summary["loaders"][0]["steps"] == 200
+    assert [r[2] for r in _rows(transport) if r[1] == 0] == list(range(200))
+
+
+@pytest.mark.parametrize("value, expected, says", [
+    ("python", "python", ""),
+    ("C", "c", ""),
+    (" c ", "c", ""),
+    ("", "c", ""),
+    ("rust", "c", "STARVEWATCH_CORE='rust' is neither 'python' nor 'c': using the c core"),
+])
+def test_starvewatch_core_forces_either_and_a_bad_value_says_so_once_and_runs_the_default(value, expected, says):
+    code = ("import starvewatch\nfrom starvewatch.hooks import core\nprint(core.current())\n"
+            "s = starvewatch.init('core-meta')\nprint(s.metadata()['core'])\nstarvewatch.finish(quiet=True)\n")
+    env = dict(os.environ, STARVEWATCH_CORE=value, STARVEWATCH_QUIET="0", PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [expected, expected]  # chosen, and in the run's metadata
+    lines = [line for line in out.stderr.splitlines() if "STARVEWATCH_CORE" in line]
+    assert lines == ([f"starvewatch: {says}"] if says else [])
+
+
+def test_doctor_shows_the_core(tmp_path):
+    for value, shown in (("c", "ok hot path: the compiled core"), ("python", "ok hot path: the pure-Python core")):
+        env = dict(os.environ, STARVEWATCH_CORE=value, PYTHONPATH=str(REPO), STARVEWATCH_URL="off")
+        out = subprocess.run([sys.executable, "-m", "starvewatch", "doctor", "--dir", str(tmp_path)], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert shown in out.stdout, out.stdout + out.stderr
+
+
+def test_a_broken_extension_means_the_python_core_and_training_goes_on(tmp_path):
+    """An extension file that cannot load (a wrong build, a truncated copy): import works,
+    the Python core runs, the run is measured; forcing c says why not."""
+    package = tmp_path / "starvewatch"
+    subprocess.run(["cp", "-r", str(REPO / "starvewatch"), str(package)], check=True)
+    for built in package.glob("_ccore*"):
+        built.unlink()
+    import sysconfig
+    (package / f"_ccore{sysconfig.get_config_var('EXT_SUFFIX')}").write_bytes(b"not an ELF file")
+    code = ("import starvewatch\nfrom starvewatch.hooks import core\n"
+            "print(core.current())\nstarvewatch.init('broken')\n"
+            "print(sum(1 for _ in starvewatch.watch(range(1000))))\n"
+            "print(starvewatch.finish(quiet=True)['loaders'][0]['steps'])\n")
+    for forced, said in ((None, False), ("c", True)):
+        env = dict(os.environ, PYTHONPATH=str(tmp_path), STARVEWATCH_QUIET="0")
+        env.pop(core.ENV, None)
+        if forced:
+            env[core.ENV] = forced
+        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["python", "1000", "1000"]
+        warned = [line for line in out.stderr.splitlines() if "STARVEWATCH_CORE=c but" in line]
+        assert len(warned) == (1 if said else 0), out.stderr
+        if said:
+            assert "failed to load" in warned[0] or "not installed" in warned[0]
+
+
+def test_use_refuses_an_unknown_core():
+    with pytest.raises(ValueError, match="core must be one of"):
+        core.use("fortran")
+
