@@ -259,7 +259,7 @@ def test_fast_path_segments_rotate_and_every_step_arrives_once_in_order(memory_r
     watched = starvewatch.watch(range(5000), name="train")
     longest, segments, marked = 0, set(), 0
     for i, _ in enumerate(watched):
-        it = hot_path.ACTIVE.stack[-1]()  # this thread's innermost epoch
+        it = hot_path.ACTIVE.stack()[-1]()  # this thread's innermost epoch
         if it._segment is not None:
             segments.add(it._segment.base)  # each segment starts at its own step
             longest = max(longest, len(it._times))

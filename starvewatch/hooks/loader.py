@@ -22,31 +22,37 @@ from .introspect import leading_dim
 from ..record_layout import ENDED_KEYS, FAST_RECORD_LEN, FULL_RECORD_LEN, Segment  # noqa: F401
 
 
-class _ActiveStacks(threading.local):
+class _ActiveStacks:
     """Per thread: weak references to the iterators of the epochs in progress on that thread,
-    innermost last (`ACTIVE.stack`). `step()` and `phase()` attribute to the top one of their
-    own thread; an epoch that starts while another loader's step of the same thread is open
-    (validation inside a training step) is subtracted from that step's compute. Weak, so that
-    a loop that breaks drops its iterator (and its worker processes) at once. `by_thread()`
-    lists every thread's stack, for the stall detector (sampler thread)."""
-
-    _all: dict = {}  # thread ident -> that thread's stack (shared by all threads)
+    innermost last (`ACTIVE.stack()`; `ACTIVE.local.stack` is the same list, or missing on a
+    thread that never started an epoch). `step()` and `phase()` attribute to the top one of
+    their own thread; an epoch that starts while other loaders' steps of the same thread are
+    open (validation inside a training step) is taken out of those steps. Weak, so that a loop
+    that breaks drops its iterator (and its worker processes) at once. `by_thread()` lists
+    every thread's stack, for the stall detector (sampler thread)."""
 
     def __init__(self) -> None:
-        self.stack = []
-        _ActiveStacks._all[get_ident()] = self.stack  # a reused ident replaces a dead thread's
+        self.local = threading.local()  # a plain one: its attributes are read per step()
+        self._all: dict = {}  # thread ident -> that thread's stack (a reused ident replaces a dead thread's)
+
+    def stack(self) -> list:
+        try:
+            return self.local.stack
+        except AttributeError:
+            stack = self.local.stack = []
+            self._all[get_ident()] = stack
+            return stack
 
     def by_thread(self) -> list:
         """(thread ident, its stack) for every thread that started an epoch."""
-        return list(_ActiveStacks._all.items())
+        return list(self._all.items())
 
     def clear(self) -> None:
         """Every thread's stack (a forked child owns none of the parent's epochs)."""
         for _, stack in self.by_thread():
             stack.clear()
-        _ActiveStacks._all.clear()
-        self.stack = []
-        _ActiveStacks._all[get_ident()] = self.stack
+        self._all.clear()
+        self.local = threading.local()
 
 
 ACTIVE = _ActiveStacks()
@@ -102,7 +108,7 @@ class WatchedIterator:
         self._reads_left = 0  # how long that list may grow: the buffer's room, in clock reads
         self._last_segment = None  # the one before, until the shipper has taken all of it
         self._t_wait = 0  # when the general path's next() began, while it runs (else 0)
-        active = self._active = ACTIVE.stack  # this thread's: _end may run on another one
+        active = self._active = ACTIVE.stack()  # this thread's: _end may run on another one
         # The innermost steps open on this thread (one loader's, or those of loaders advanced
         # together), down to the ones they are nested in: an epoch that ends inside them is
         # taken out of each (validation inside a training step).
@@ -558,7 +564,10 @@ def set_loader_lookup(lookup) -> None:
 
 def _target(loader):
     if loader is None:
-        active = ACTIVE.stack
+        try:
+            active = ACTIVE.local.stack
+        except AttributeError:  # no epoch ever began on this thread
+            return None
         return active[-1]() if active else None
     state = None
     if isinstance(loader, str):
@@ -619,8 +628,7 @@ class _PhaseTimer:
         self.name = str(name)
 
     def __enter__(self):
-        active = ACTIVE.stack
-        self._it = active[-1]() if active else None
+        self._it = _target(None)
         self._t0 = _now()
         return self
 
