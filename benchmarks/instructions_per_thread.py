@@ -6,7 +6,8 @@ A mode may name the hot path's core: `watched:c`, `list:python` (STARVEWATCH_COR
 the default core). --out writes the figures as JSON (benchmarks/results/instructions_per_thread.json).
 
 bare / watched: DataLoader(TensorDataset, batch_size=1, num_workers=0), step `b[0] + 1`;
-list: watch(list(range(n))) with an empty body (our own per-item code alone); step: the same
+baretrain / train: the same loader with a tiny train step (nn.Linear(8, 1), SGD);
+barelist / list: (watch(...)) list(range(n)) with an empty body (our own per-item code alone); step: the same
 with `with starvewatch.step(): pass` as the body (the general path every item). Prints, per
 thread (01: the training thread; the others: the monitor's threads), instructions per batch.
 Counted around the loop only (and the shipper's work on its records); the monitor's timers are
@@ -22,16 +23,21 @@ def child(mode, n, step):
     import starvewatch
     data = TensorDataset(torch.randn(n, 8))
     for b in DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=1): b[0] + 1
-    if mode in ("list", "step"):
+    if mode in ("list", "step", "barelist"):
         loader = list(range(n))
     else:
         loader = DataLoader(data, batch_size=1, num_workers=0)
+    if mode in ("train", "baretrain"):
+        model = torch.nn.Linear(8, 1); opt = torch.optim.SGD(model.parameters(), lr=0.01)
     session = None
-    if mode in ("watched", "list", "step"):
+    if mode in ("watched", "list", "step", "train"):
         session = starvewatch.init("cg"); loader = starvewatch.watch(loader)
     gc.collect(); ctl(True); t = time.perf_counter()
-    if mode == "list":
+    if mode in ("list", "barelist"):
         for b in loader: pass
+    elif mode in ("train", "baretrain"):
+        for (b,) in loader:
+            opt.zero_grad(); model(b).sum().backward(); opt.step()
     elif mode == "step":
         for b in loader:
             with starvewatch.step(): pass

@@ -44,22 +44,233 @@ static PyObject *str_class = NULL;      /* "__class__" */
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
-/* A new reference to the clock's reading in ns, as time.perf_counter_ns() gives it. */
-static inline PyObject *
-now_ns(void)
+/* The clock's reading in ns, as time.perf_counter_ns() gives it: 0, or -1 with an error
+ * (only a test's clock can fail). */
+static inline int
+read_clock(long long *out)
 {
     if (fake_clock != NULL) {
-        return PyObject_CallNoArgs(fake_clock);
+        PyObject *v = PyObject_CallNoArgs(fake_clock);
+        if (v == NULL) {
+            return -1;
+        }
+        *out = PyLong_AsLongLong(v);
+        Py_DECREF(v);
+        return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
     }
 #if PY_VERSION_HEX >= 0x030D0000
     PyTime_t t;
     (void)PyTime_PerfCounterRaw(&t);
-    return PyLong_FromLongLong((long long)t);
+    *out = (long long)t;
 #else
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec);
+    *out = (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
 #endif
+    return 0;
+}
+
+/* ---- Times: a segment's clock reads as int64, ints made when read -------------------------
+ * The compiled core's segment list (hooks/core.py gives it to _enter_fast): append, len(),
+ * t[i] (negative too), t[a:b:c] (a list of ints) and the sequence protocol (bisect, iteration),
+ * which is all that the loader and the shipper do with a segment's list. The training thread
+ * only stores 8 bytes per read; the ints are made by whoever reads (the shipper's slice). All
+ * of it runs under the GIL, so a slice sees the reads before or after an append, whole. */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t len;
+    Py_ssize_t cap;
+    long long *data;
+} TimesObject;
+
+static PyTypeObject Times_Type;
+
+static int
+times_reserve(TimesObject *t, Py_ssize_t need)
+{
+    if (need <= t->cap) {
+        return 0;
+    }
+    Py_ssize_t cap = t->cap ? t->cap : 16;
+    while (cap < need) {
+        if (cap > PY_SSIZE_T_MAX / 2 / (Py_ssize_t)sizeof(long long)) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    long long *data = PyMem_Realloc(t->data, (size_t)cap * sizeof(long long));
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->data = data;
+    t->cap = cap;
+    return 0;
+}
+
+static inline int
+times_push(TimesObject *t, long long value)
+{
+    if (t->len >= t->cap && times_reserve(t, t->len + 1) < 0) {
+        return -1;
+    }
+    t->data[t->len++] = value;
+    return 0;
+}
+
+static PyObject *
+times_append(TimesObject *self, PyObject *value)
+{
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (times_push(self, v) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+times_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *initial = NULL;
+    static char *kwlist[] = {"reads", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O:Times", kwlist, &initial)) {
+        return NULL;
+    }
+    TimesObject *self = (TimesObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    if (initial != NULL) {
+        PyObject *it = PyObject_GetIter(initial), *item;
+        if (it == NULL) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        while ((item = PyIter_Next(it)) != NULL) {
+            PyObject *res = times_append(self, item);
+            Py_DECREF(item);
+            if (res == NULL) {
+                Py_DECREF(it);
+                Py_DECREF(self);
+                return NULL;
+            }
+            Py_DECREF(res);
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred()) {
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    return (PyObject *)self;
+}
+
+static void
+times_dealloc(TimesObject *self)
+{
+    PyMem_Free(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t
+times_length(TimesObject *self)
+{
+    return self->len;
+}
+
+static PyObject *
+times_item(TimesObject *self, Py_ssize_t i)
+{
+    if (i < 0 || i >= self->len) {
+        PyErr_SetString(PyExc_IndexError, "Times index out of range");
+        return NULL;
+    }
+    return PyLong_FromLongLong(self->data[i]);
+}
+
+static PyObject *
+times_subscript(TimesObject *self, PyObject *key)
+{
+    if (PyIndex_Check(key)) {
+        Py_ssize_t i = PyNumber_AsSsize_t(key, PyExc_IndexError);
+        if (i == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (i < 0) {
+            i += self->len;
+        }
+        return times_item(self, i);
+    }
+    if (PySlice_Check(key)) {
+        Py_ssize_t start, stop, step;
+        if (PySlice_Unpack(key, &start, &stop, &step) < 0) {
+            return NULL;
+        }
+        Py_ssize_t n = PySlice_AdjustIndices(self->len, &start, &stop, step);
+        PyObject *out = PyList_New(n);
+        if (out == NULL) {
+            return NULL;
+        }
+        for (Py_ssize_t k = 0, i = start; k < n; k++, i += step) {
+            PyObject *v = PyLong_FromLongLong(self->data[i]);
+            if (v == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            PyList_SET_ITEM(out, k, v);
+        }
+        return out;
+    }
+    PyErr_Format(PyExc_TypeError, "Times indices must be integers or slices, not %.200s", Py_TYPE(key)->tp_name);
+    return NULL;
+}
+
+static PyMethodDef times_methods[] = {
+    {"append", (PyCFunction)times_append, METH_O, "append(ns): one more clock read"},
+    {NULL, NULL, 0, NULL}};
+
+static PySequenceMethods times_as_sequence = {
+    .sq_length = (lenfunc)times_length,
+    .sq_item = (ssizeargfunc)times_item,
+};
+
+static PyMappingMethods times_as_mapping = {
+    .mp_length = (lenfunc)times_length,
+    .mp_subscript = (binaryfunc)times_subscript,
+};
+
+static PyTypeObject Times_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "starvewatch._ccore.Times",
+    .tp_basicsize = sizeof(TimesObject),
+    .tp_dealloc = (destructor)times_dealloc,
+    .tp_as_sequence = &times_as_sequence,
+    .tp_as_mapping = &times_as_mapping,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A segment's clock reads (ns), stored as int64: the compiled core's segment list.",
+    .tp_methods = times_methods,
+    .tp_new = times_new,
+};
+
+/* list.append(item) with a new reference to item: in place when the list has room (what
+ * list.append does, without its call), else PyList_Append. Both writes happen under the GIL,
+ * before anything else can run: the shipper's slice sees the list before or after, whole. */
+static inline int
+append(PyObject *list, PyObject *item)
+{
+    PyListObject *l = (PyListObject *)list;
+    Py_ssize_t n = Py_SIZE(l);
+    if (n < l->allocated) {
+        Py_INCREF(item);
+        PyList_SET_ITEM(list, n, item);
+        Py_SET_SIZE(l, n + 1);
+        return 0;
+    }
+    return PyList_Append(list, item);
 }
 
 /* The general path from here: self.__class__ = WatchedIterator; WatchedIterator.__next__(self) */
@@ -72,34 +283,58 @@ to_general(PyObject *self)
     return PyObject_CallOneArg(general_next, self);
 }
 
+/* One clock read appended: to a Times (the compiled core's segments) or to a list (a segment
+ * that the Python core began before a switch of cores). */
+static inline int
+push(PyObject *times, long long ns)
+{
+    if (Py_IS_TYPE(times, &Times_Type)) {
+        return times_push((TimesObject *)times, ns);
+    }
+    PyObject *v = PyLong_FromLongLong(ns);
+    if (v == NULL) {
+        return -1;
+    }
+    int rc = append(times, v);
+    Py_DECREF(v);
+    return rc;
+}
+
 static PyObject *
 fast_next(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
     PyObject *times = SLOT(self, off_times);
     PyObject *reads_left = SLOT(self, off_reads_left);
     PyObject *it = SLOT(self, off_it);
-    if (times == NULL || !PyList_CheckExact(times) || reads_left == NULL || !PyLong_CheckExact(reads_left)
-            || it == NULL || !PyIter_Check(it)) {
+    if (times == NULL || reads_left == NULL || !PyLong_CheckExact(reads_left)
+            || it == NULL || Py_TYPE(it)->tp_iternext == NULL) {
         return to_general(self);  /* not in the fast path's state: the general path knows */
+    }
+    Py_ssize_t n;
+    if (Py_IS_TYPE(times, &Times_Type)) {
+        n = ((TimesObject *)times)->len;
+    }
+    else if (PyList_CheckExact(times)) {
+        n = PyList_GET_SIZE(times);
+    }
+    else {
+        return to_general(self);
     }
     Py_ssize_t left = PyLong_AsSsize_t(reads_left);
     if (left == -1 && PyErr_Occurred()) {
         PyErr_Clear();
         return to_general(self);
     }
-    if (PyList_GET_SIZE(times) >= left) {  /* the buffer's room is used up: the general path */
+    if (n >= left) {  /* the buffer's room is used up: the general path */
         return to_general(self);
     }
     /* Held across the inner next(), which may run other Python code (and other threads). */
     Py_INCREF(times);
     Py_INCREF(it);
     PyObject *batch = NULL;
-    PyObject *t_call = now_ns();
-    if (t_call == NULL) {
-        goto done;
-    }
+    long long t_call, t_ret;
     /* closes the previous step; an odd count means "waiting since" */
-    if (PyList_Append(times, t_call) < 0) {
+    if (read_clock(&t_call) < 0 || push(times, t_call) < 0) {
         goto done;
     }
     batch = (*Py_TYPE(it)->tp_iternext)(it);
@@ -114,7 +349,10 @@ fast_next(PyObject *self, PyObject *Py_UNUSED(ignored))
             PyException_SetTraceback(value, tb);
         }
         /* the step was closed above; none is open */
-        PyObject *res = PyObject_CallFunctionObjArgs(fast_failed, self, value ? value : Py_None, t_call, NULL);
+        PyObject *t_call_obj = PyLong_FromLongLong(t_call);
+        PyObject *res = t_call_obj == NULL ? NULL : PyObject_CallFunctionObjArgs(
+            fast_failed, self, value ? value : Py_None, t_call_obj, NULL);
+        Py_XDECREF(t_call_obj);
         if (res == NULL) {  /* the handler failed: its error wins, as in Python */
             Py_XDECREF(type);
             Py_XDECREF(value);
@@ -126,18 +364,50 @@ fast_next(PyObject *self, PyObject *Py_UNUSED(ignored))
         }
         goto done;
     }
-    PyObject *t_ret = now_ns();
-    if (t_ret == NULL || PyList_Append(times, t_ret) < 0) {
-        Py_XDECREF(t_ret);
+    if (read_clock(&t_ret) < 0 || push(times, t_ret) < 0) {
         Py_CLEAR(batch);
-        goto done;
     }
-    Py_DECREF(t_ret);
 done:
-    Py_XDECREF(t_call);
     Py_DECREF(it);
     Py_DECREF(times);
     return batch;
+}
+
+static PyMethodDef fast_next_def;
+
+/* The same as the type's tp_iternext slot: a for loop calls it without looking __next__ up
+ * and without the method descriptor's call (about 150 instructions less per batch). */
+static PyObject *
+fast_iternext(PyObject *self)
+{
+    return fast_next(self, NULL);
+}
+
+/* install_iternext(FastWatchedIterator): after `FastWatchedIterator.__next__ = <bind()'s
+ * descriptor>` (which sets the slot to the generic lookup), point the slot at fast_iternext.
+ * Assigning __next__ again (the Python core) resets it: the slot always agrees with __next__. */
+static PyObject *
+install_iternext(PyObject *module, PyObject *cls)
+{
+    if (!PyType_Check(cls) || !(((PyTypeObject *)cls)->tp_flags & Py_TPFLAGS_HEAPTYPE)
+            || general_class == NULL || !PyType_IsSubtype((PyTypeObject *)cls, (PyTypeObject *)general_class)) {
+        PyErr_SetString(PyExc_TypeError, "install_iternext() needs a heap subclass of the bound class");
+        return NULL;
+    }
+    PyObject *next = PyObject_GetAttrString(cls, "__next__");
+    if (next == NULL) {
+        return NULL;
+    }
+    int ours = Py_IS_TYPE(next, &PyMethodDescr_Type)
+        && ((PyMethodDescrObject *)next)->d_method == &fast_next_def;
+    Py_DECREF(next);
+    if (!ours) {
+        PyErr_SetString(PyExc_TypeError, "the class's __next__ is not the compiled fast path's");
+        return NULL;
+    }
+    ((PyTypeObject *)cls)->tp_iternext = fast_iternext;
+    PyType_Modified((PyTypeObject *)cls);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef fast_next_def = {
@@ -210,11 +480,13 @@ set_clock(PyObject *module, PyObject *clock)
 static PyObject *
 clock_ns(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    return now_ns();
+    long long t;
+    return read_clock(&t) < 0 ? NULL : PyLong_FromLongLong(t);
 }
 
 static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS, "bind(WatchedIterator, its __next__, its _fast_failed): the fast __next__"},
+    {"install_iternext", install_iternext, METH_O, "install_iternext(cls): the fast path as cls's tp_iternext slot"},
     {"set_clock", set_clock, METH_O, "set_clock(callable | None): read this instead of the clock (tests)"},
     {"clock_ns", clock_ns, METH_NOARGS, "the clock the fast path reads, in ns (time.perf_counter_ns's)"},
     {NULL, NULL, 0, NULL}};
@@ -236,5 +508,18 @@ PyInit__ccore(void)
     if (str_class == NULL) {
         return NULL;
     }
-    return PyModule_Create(&module_def);
+    if (PyType_Ready(&Times_Type) < 0) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&Times_Type);
+    if (PyModule_AddObject(module, "Times", (PyObject *)&Times_Type) < 0) {
+        Py_DECREF(&Times_Type);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

@@ -21,6 +21,7 @@ ENV = "STARVEWATCH_CORE"
 CORES = ("c", "python")
 
 _fast_cls = None
+_general_cls = None
 _python_next = None  # FastWatchedIterator.__next__ as loader.py defines it
 _c_next = None  # the compiled one, bound to WatchedIterator; None where unavailable
 _unavailable = "not loaded yet"  # why the compiled core cannot run, when it cannot
@@ -70,8 +71,8 @@ def take_notice() -> str:
 def select(fast_cls, general_cls, environ=os.environ) -> str:
     """At import of hooks/loader.py: install the core the environment asks for (default: c
     where available). Returns its name."""
-    global _fast_cls, _python_next, _c_next, _unavailable
-    _fast_cls = fast_cls
+    global _fast_cls, _general_cls, _python_next, _c_next, _unavailable
+    _fast_cls, _general_cls = fast_cls, general_cls
     _python_next = fast_cls.__dict__["__next__"]
     _c_next, _unavailable = _load_c(general_cls)
     default = "c" if _c_next is not None else "python"
@@ -83,7 +84,12 @@ def select(fast_cls, general_cls, environ=os.environ) -> str:
     elif wanted == "c" and _c_next is None:
         _say(f"{ENV}=c but {_unavailable}: using the python core")
         wanted = "python"
-    return use(wanted)
+    try:
+        return use(wanted)
+    except Exception as exc:  # the extension misbehaves: never stop training over it
+        _c_next, _unavailable = None, f"the compiled extension could not be installed ({type(exc).__name__}: {exc})"
+        _say(f"{_unavailable}: using the python core")
+        return use("python")
 
 
 def use(core: str) -> str:
@@ -94,7 +100,13 @@ def use(core: str) -> str:
         raise ValueError(f"core must be one of {CORES}, not {core!r}")
     if core == "c" and _c_next is None:
         raise ValueError(f"the c core is unavailable: {_unavailable}")
-    _fast_cls.__next__ = _c_next if core == "c" else _python_next
+    _fast_cls.__next__ = _c_next if core == "c" else _python_next  # sets the type's slot too
+    if core == "c":
+        from .. import _ccore
+        _ccore.install_iternext(_fast_cls)  # the slot calls the C function directly
+        _general_cls._new_times = _ccore.Times  # segments begun from now on; running ones go on
+    else:
+        _general_cls._new_times = list
     _current = core
     return core
 

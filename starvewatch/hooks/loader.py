@@ -74,6 +74,10 @@ class WatchedIterator:
                  "_cpu_probe", "_times", "_segment", "_reads_left", "_last_segment", "_t_wait",
                  "_spans", "_active", "__weakref__")
 
+    # What a segment's clock reads are kept in: a list (the Python core) or the compiled core's
+    # _ccore.Times (int64 reads, ints made when the shipper reads them); hooks/core.py sets it.
+    _new_times = list
+
     def __init__(self, inner, state, t_iter_call: int, t_iter_ret: int) -> None:
         self._it = inner
         self._state = state
@@ -190,7 +194,7 @@ class WatchedIterator:
         if room < 2 or (last is not None and not last.done()):
             return
         self._last_segment = None
-        times = [self._t_call, self._t_ret]  # the open step is the segment's first
+        times = self._new_times((self._t_call, self._t_ret))  # the open step is the segment's first
         segment = Segment(self._key, self._step, self._bs, times, self._wref)
         self._buffer.append(segment)  # the shipper finds it in order with this loader's records
         self._times, self._segment, self._reads_left = times, segment, 2 * room
