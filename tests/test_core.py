@@ -208,3 +208,48 @@ def test_use_refuses_an_unknown_core():
     with pytest.raises(ValueError, match="core must be one of"):
         core.use("fortran")
 
+
+
+def test_the_compiled_segment_reads_behave_as_the_list_the_shipper_slices():
+    """_ccore.Times holds a segment's reads as int64: every operation the loader and the
+    shipper use on a segment's list gives what the list gives."""
+    import bisect
+
+    from starvewatch import _ccore
+    reads = [10**15 + 3 * i for i in range(41)] + [2**62]
+    times, mirror = _ccore.Times(reads[:2]), reads[:2]
+    for value in reads[2:]:
+        times.append(value)
+        mirror.append(value)
+    assert len(times) == len(mirror) == 42
+    for i in (0, 1, 17, 41, -1, -2, -42):
+        assert times[i] == mirror[i]
+    for sl in (slice(0, 9), slice(3, 30, 2), slice(2, None, 2), slice(None, None, -3), slice(40, 99), slice(5, 5)):
+        assert times[sl] == mirror[sl] and type(times[sl]) is list
+    for t in (0, reads[0], reads[5] + 1, reads[-1], 2**63 - 1):
+        assert bisect.bisect_right(times, t, 0, len(times)) == bisect.bisect_right(mirror, t, 0, len(mirror))
+    assert list(times) == mirror
+    with pytest.raises(IndexError):
+        times[42]
+    with pytest.raises(IndexError):
+        times[-43]
+    with pytest.raises(TypeError):
+        times["0"]
+    with pytest.raises(OverflowError):
+        times.append(2**63)  # no read can be that large; it is refused, not wrapped
+    assert len(times) == 42
+
+
+def test_switching_cores_in_the_middle_of_an_epoch_loses_no_step():
+    """A segment begun by one core goes on under the other (a list under the compiled core,
+    Times under the Python one): every step arrives once, in order."""
+    transport = MemoryTransport()
+    starvewatch.init("switch", transport=transport)
+    seen = 0
+    for i, _ in enumerate(starvewatch.watch(range(3000), name="train")):
+        if i % 500 == 250:
+            core.use("python" if core.current() == "c" else "c")
+        seen += 1
+    summary = starvewatch.finish()
+    assert seen == 3000 and summary["loaders"][0]["steps"] == 3000
+    assert [r[2] for r in _rows(transport)] == list(range(3000))
