@@ -10,12 +10,12 @@ tuples as short as possible (allocation dominates the hot path):
 fast: (key, step, t_call, t_return, t_next_call, batch size): raw clock reads, turned into
       wait and compute on the shipper thread (or in the sidecar); the fast path itself appends
       bare clock reads to a Segment, which the shipper turns into these;
-full: (key, step, start, wait, compute, batch size, other, gpu token, phases, exact) when
-      step(), phase(), nesting, a CUDA event or the epoch's first batch touched the step. The
-      step came back at start + wait and closed at that + compute + other, unless `exact` is
-      (nested spans, epoch start, start-up ns, t_end): the (start, end) of the epochs nested in
-      it (out of its compute already) or None, when iter() was called and how long it took
-      (part of the first step's wait), when the step closed;
+full: (key, step, start, wait, compute, batch size, other, gpu token, phases, t_return, t_end,
+      nested spans, epoch start) when step(), phase(), nesting, a CUDA event or the epoch's
+      first batch touched the step; t_end is when the step closed, nested spans the (start,
+      end) of the epochs nested in it (out of its compute already) or None, epoch start when
+      iter() was called (a first step's wait also holds iter()'s start-up: wait - (t_return -
+      start), which began then);
 reads: (key, first step, batch size, clock reads): consecutive steps of a Segment as the
       shipper takes them, shipped as they are (a slice of ints marshals at a fifth of the cost
       of the fast records it stands for) and expanded where the columns are built (expand_reads).
@@ -31,9 +31,11 @@ from __future__ import annotations
 from bisect import bisect_right
 from itertools import repeat
 
-R_KEY, R_STEP, R_START, R_WAIT, R_COMPUTE, R_BATCH, R_OTHER, R_GPU, R_PHASES, R_EXACT = range(10)
+(R_KEY, R_STEP, R_START, R_WAIT, R_COMPUTE, R_BATCH, R_OTHER, R_GPU, R_PHASES, R_RET, R_END, R_SPANS,
+ R_EPOCH_START) = range(13)
 FAST_RECORD_LEN = 6   # (key, step, t_call, t_ret, t_next, batch size): raw clock reads
-FULL_RECORD_LEN = 10  # (key, step, t_start, wait, compute, batch size, other, gpu, phases, exact)
+FULL_RECORD_LEN = 13  # (key, step, t_start, wait, compute, batch size, other, gpu, phases, t_ret, t_end,
+#                        nested spans, epoch start)
 READS_RECORD_LEN = 4  # (key, first step, batch size, [t_call, t_ret, ..., t_next_call]): many steps
 HORIZON_RECORD_LEN = 1    # (t,)
 OPEN_WAIT_RECORD_LEN = 5  # (key, t_call, t_ret, wait ns, "open")
@@ -117,15 +119,6 @@ def count_steps(records: list[tuple]) -> int:
             + sum(reads_steps(r) for r in records if len(r) == READS_RECORD_LEN))
 
 
-def full_return_end(record: tuple) -> tuple[int, int]:
-    """When a full record's step came back and when it closed."""
-    exact = record[R_EXACT]
-    if exact is None:
-        t_ret = record[R_START] + record[R_WAIT]
-        return t_ret, t_ret + record[R_COMPUTE] + record[R_OTHER]
-    return record[R_START] + record[R_WAIT] - exact[2], exact[3]
-
-
 def record_wait(record: tuple) -> tuple:
     """(key, t_call, t_return, wait ns) of a fast or full record or a wait mark."""
     length = len(record)
@@ -133,7 +126,7 @@ def record_wait(record: tuple) -> tuple:
         return record[0], record[2], record[3], record[3] - record[2]
     if length == OPEN_WAIT_RECORD_LEN:
         return record[:4]
-    return record[0], record[R_START], full_return_end(record)[0], record[R_WAIT]
+    return record[0], record[R_START], record[R_RET], record[R_WAIT]
 
 
 def record_end(record: tuple) -> int:
@@ -141,4 +134,4 @@ def record_end(record: tuple) -> int:
     length = len(record)
     if length == FAST_RECORD_LEN:
         return record[4]
-    return record[2] if length == OPEN_WAIT_RECORD_LEN else full_return_end(record)[1]
+    return record[2] if length == OPEN_WAIT_RECORD_LEN else record[R_END]

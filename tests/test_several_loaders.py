@@ -119,9 +119,12 @@ def test_main_and_auxiliary_loader_each_wait_is_its_own(memory_run, aux_workers)
     truth_steps = [calls[k + 1] - returns[k] for k in range(steps)]
     shipped = dict(zip(shipped_column(transport, "step", loader="main"),
                        shipped_column(transport, "compute_ns", loader="main")))
-    # (within 1 ms: where aux restarts, iter() and the end of its epoch run a little of our own
-    # code outside the clock reads, which counts as compute)
-    off = [(k, shipped[k], truth_steps[k]) for k in range(steps) if abs(shipped[k] - truth_steps[k]) > 1_000_000]
+    # Where aux restarts (steps 7, 14, 21), the time between its end, its iter() and its first
+    # next() is outside every wait (exception handling, our own bookkeeping, a preemption by
+    # the workers just spawned): compute by definition, aux's by this clock. Never less.
+    restarts = {7, 14, 21}
+    off = [(k, shipped[k], truth_steps[k]) for k in range(steps)
+           if not -300_000 < shipped[k] - truth_steps[k] < (5_000_000 if k in restarts else 1_000_000)]
     assert not off, off
 
 
@@ -284,3 +287,27 @@ def test_columns_subtract_across_chunks_cycles_and_marks():
     assert [cols["wait_ns"][i] for i in a] == [3 * ms] * 5 and [cols["wait_ns"][i] for i in b] == [2 * ms] * 5
     # The body is in both loaders' steps: the run counts it once.
     assert sum(cols["shared_compute_ns"]) == 5 * 5 * ms
+
+
+def test_lightning_combined_loader_waits_for_both_and_counts_the_step_once(tmp_path):
+    """Lightning's CombinedLoader (a dict of two train loaders) advances both each step: the
+    run's wait fraction is the loading the program timed inside its epochs over their wall
+    time (0.71 in one run, where each loader counting the other's wait as compute gave 0.39)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    program = Path(__file__).parent / "programs" / "lightning_combined.py"
+    done = subprocess.run([sys.executable, str(program)], env=dict(os.environ), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    summary = result["summary"]
+    loaders = by_name(summary)
+    assert sorted(loaders) == ["train_labeled", "train_unlabeled"], sorted(loaders)
+    assert all(entry["steps"] == 48 for entry in loaders.values())
+    truth = result["loading_ns"] / result["wall_ns"]
+    # Lightning's own per-step work (hooks, optimizer) is compute here and in the truth; the
+    # loaders' waits hold a little of Lightning's fetching besides the loading.
+    assert summary["verdict"]["input_wait_fraction"] == pytest.approx(truth, abs=0.05)

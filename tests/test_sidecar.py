@@ -180,9 +180,9 @@ def test_the_sidecar_builds_the_same_batches_and_book_as_the_training_process(tm
     t = time.perf_counter_ns() - 10**11
     records = [((0, 0), k, t + 3000 * k, t + 3000 * k + 100 + k, t + 3000 * (k + 1), 32) for k in range(5000)]
     records += [((1, 0), k, t + 7 * k, 50 + k * 37, 0 if k % 3 else 999, None, 5, None,
-                 {"forward": 11 * k, "backward": 13} if k % 2 else None,
-                 None if k % 5 else (None, t, 20 + k, t + 7 * k + 300)) for k in range(300)]
-    records += [((0, 1), 0, t, t + 5, t + 2**35, 32), ((1, 1), 0, t, 10**9, 1, 7, 0, 4, None, None)]
+                 {"forward": 11 * k, "backward": 13} if k % 2 else None, t + 7 * k + 3, t + 7 * k + 6,
+                 None if k % 5 else ((t + 7 * k + 4, t + 7 * k + 5),), t) for k in range(300)]
+    records += [((0, 1), 0, t, t + 5, t + 2**35, 32), ((1, 1), 0, t, 10**9, 1, 7, 0, 4, None, t + 2, t + 9, None, t)]
     session.buffer.extend(records)
     starvewatch.finish()
     spooled = sorted((read_spool_file(p) for p in session.spool_dir.glob("*")), key=lambda p: p["seq"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from importlib import import_module
 from time import perf_counter_ns
 
 ENV = "STARVEWATCH_CORE"
@@ -35,7 +36,7 @@ def _load_c(general_cls) -> tuple[object | None, str]:
     if sysconfig.get_config_var("Py_GIL_DISABLED"):
         return None, "a free-threaded build runs the Python core (the fast path relies on the GIL)"
     try:
-        from .. import _ccore
+        _ccore = import_module("starvewatch._ccore")  # optional: built only where a compiler was
     except ImportError as exc:
         return None, f"the compiled extension is not installed ({exc})"
     except Exception as exc:  # a broken build must never stop training
@@ -102,7 +103,7 @@ def use(core: str) -> str:
         raise ValueError(f"the c core is unavailable: {_unavailable}")
     _fast_cls.__next__ = _c_next if core == "c" else _python_next  # sets the type's slot too
     if core == "c":
-        from .. import _ccore
+        _ccore = import_module("starvewatch._ccore")
         _ccore.install_iternext(_fast_cls)  # the slot calls the C function directly
         _general_cls._new_times = _ccore.Times  # segments begun from now on; running ones go on
     else:

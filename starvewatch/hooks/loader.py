@@ -310,8 +310,7 @@ class WatchedIterator:
             self._gpu.release(token)
 
     def _close_step(self, t_end: int) -> None:
-        startup = self._extra_wait
-        wait = self._t_ret - self._t_call + startup
+        wait = self._t_ret - self._t_call + self._extra_wait
         self._extra_wait = 0
         loop_ns = t_end - self._t_ret - self._excluded
         if self._step_used:
@@ -319,16 +318,11 @@ class WatchedIterator:
             other = loop_ns - compute if loop_ns > compute else 0
         else:
             compute, other = (loop_ns if loop_ns > 0 else 0), 0
-        spans = self._spans
-        # Delivery reads the step's return and end from start, wait, compute and other; when
-        # they cannot tell (start-up, nested epochs, a step() block longer than the step),
-        # the record says them (record_layout.py).
-        exact = None if spans is None and not startup and loop_ns == compute + other else (
-            spans, self._t_epoch, startup, t_end)
         buffer = self._buffer
-        if len(buffer) < self._capacity:
+        if len(buffer) < self._capacity:  # (no test here of what delivery needs: each costs more)
             buffer.append((self._key, self._step, self._t_call, wait, compute, self._bs,
-                           other, self._token, self._phases, exact))
+                           other, self._token, self._phases, self._t_ret, t_end, self._spans,
+                           self._t_epoch))
         else:
             self._drop(wait, compute, other, self._token)
         self._step += 1

@@ -16,8 +16,9 @@ from operator import itemgetter, sub
 from ...logonce import RateLimitedLog
 from ...schema import STEP_COLUMNS
 from ...stats import LoaderTotals, RecordStats
-from ...record_layout import (FULL_RECORD_LEN, HORIZON_RECORD_LEN, OPEN_WAIT_RECORD_LEN, R_COMPUTE, R_EXACT,
-                              R_GPU, R_OTHER, R_PHASES, R_WAIT, expand_reads, full_return_end)
+from ...record_layout import (FULL_RECORD_LEN, HORIZON_RECORD_LEN, OPEN_WAIT_RECORD_LEN, R_COMPUTE, R_END,
+                             R_EPOCH_START, R_GPU, R_OTHER, R_PHASES, R_RET, R_SPANS, R_START, R_WAIT,
+                             expand_reads)
 from .account import add_accounts, empty_account
 from .overlap import Lanes, split_marks
 
@@ -69,10 +70,10 @@ def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict
     for i in _positions(list(map(len, records)), FULL_RECORD_LEN):
         r = records[i]
         waits[i], computes[i], others[i], gpus[i] = r[R_WAIT], r[R_COMPUTE], r[R_OTHER], r[R_GPU]
-        t_ret[i], t_end[i] = full_return_end(r)
-        exact = r[R_EXACT]
-        if exact is not None and (exact[0] or exact[2] > 0):
-            nested[i] = (exact[0], exact[2], exact[1])  # (nested spans, start-up ns, epoch start)
+        t_ret[i], t_end[i] = r[R_RET], r[R_END]
+        startup = r[R_WAIT] - (r[R_RET] - r[R_START])  # iter()'s, in a first step's wait
+        if r[R_SPANS] or startup > 0:
+            nested[i] = (r[R_SPANS], startup, r[R_EPOCH_START])
         if r[R_PHASES]:
             phases += [[names[r[0][0]], r[0][1], r[1], name, ns] for name, ns in r[R_PHASES].items()]
     keys = col(0)

@@ -1,0 +1,72 @@
+"""A tiny Lightning model on CPU whose train_dataloader is a dict of two loaders (Lightning's
+CombinedLoader advances both each step), with StarvewatchCallback. It times its own epochs
+and the loading its datasets did on the training thread (num_workers=0). Prints the summary
+and those times as JSON on the last line."""
+import json
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import lightning.pytorch as pl
+
+from starvewatch.integrations.lightning import StarvewatchCallback
+
+LOADING_NS = [0]
+
+
+class Sleepy(Dataset):
+    def __init__(self, n, item_s):
+        self.n, self.item_s = n, item_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        t0 = time.perf_counter_ns()
+        time.sleep(self.item_s)
+        LOADING_NS[0] += time.perf_counter_ns() - t0
+        return torch.full((8,), i / self.n)
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.002)
+        return self.layer(batch["labeled"]).mean() + self.layer(batch["unlabeled"]).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return {"labeled": DataLoader(Sleepy(96, 0.002), batch_size=4),
+                "unlabeled": DataLoader(Sleepy(96, 0.001), batch_size=4)}
+
+
+class EpochClock(pl.Callback):
+    """The wall time of the training epochs and the loading inside them."""
+
+    def __init__(self):
+        self.wall_ns = self.loading_ns = 0
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self._t0, self._l0 = time.perf_counter_ns(), LOADING_NS[0]
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self.wall_ns += time.perf_counter_ns() - self._t0
+        self.loading_ns += LOADING_NS[0] - self._l0
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    clock = EpochClock()
+    callback = StarvewatchCallback(name="lightning-combined")
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, callbacks=[clock, callback],
+                         limit_val_batches=0, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Tiny())
+    print(json.dumps({"summary": callback.summary, "wall_ns": clock.wall_ns, "loading_ns": clock.loading_ns}),
+          flush=True)
