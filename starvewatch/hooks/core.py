@@ -37,9 +37,9 @@ def _load_c(general_cls) -> tuple[object | None, str]:
         return None, "a free-threaded build runs the Python core (the fast path relies on the GIL)"
     try:
         _ccore = import_module("starvewatch._ccore")  # optional: built only where a compiler was
-    except ImportError as exc:
-        return None, f"the compiled extension is not installed ({exc})"
-    except Exception as exc:  # a broken build must never stop training
+    except ModuleNotFoundError:
+        return None, "the compiled extension is not installed (no C compiler at install time?)"
+    except Exception as exc:  # a broken build (a bad file, another ABI) must never stop training
         return None, f"the compiled extension failed to load ({type(exc).__name__}: {exc})"
     try:
         # the same clock as time.perf_counter_ns, or records from the two paths would not match
