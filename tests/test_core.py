@@ -253,3 +253,19 @@ def test_switching_cores_in_the_middle_of_an_epoch_loses_no_step():
     summary = starvewatch.finish()
     assert seen == 3000 and summary["loaders"][0]["steps"] == 3000
     assert [r[2] for r in _rows(transport)] == list(range(3000))
+
+
+def test_a_free_threaded_build_or_another_implementation_runs_the_python_core(monkeypatch):
+    """The fast path relies on the GIL (the shipper slices what the training thread appends):
+    without one, or off CPython, the compiled core is never loaded."""
+    import sysconfig
+    real = sysconfig.get_config_var
+    monkeypatch.setattr(sysconfig, "get_config_var", lambda name: 1 if name == "Py_GIL_DISABLED" else real(name))
+    assert core._load_c(loader.WatchedIterator) == (
+        None, "a free-threaded build runs the Python core (the fast path relies on the GIL)")
+    monkeypatch.undo()
+    monkeypatch.setattr(sys.implementation, "name", "pypy")
+    assert core._load_c(loader.WatchedIterator) == (None, "pypy runs the Python core")
+    monkeypatch.undo()
+    compiled, why = core._load_c(loader.WatchedIterator)
+    assert compiled is not None and why == ""
