@@ -39,6 +39,13 @@ static PyObject *general_class = NULL;  /* WatchedIterator */
 static PyObject *general_next = NULL;   /* WatchedIterator.__next__ (a Python function) */
 static PyObject *fast_failed = NULL;    /* WatchedIterator._fast_failed(self, exc, t_call) */
 static Py_ssize_t off_times = -1, off_reads_left = -1, off_it = -1;
+/* the CUDA-event countdown path (FastGpuWatchedIterator), bound by bind_gpu(): */
+static Py_ssize_t off_gpu = -1, off_buffer = -1, off_capacity = -1, off_key = -1, off_step = -1,
+    off_t_call = -1, off_t_ret = -1, off_bs = -1, off_t_wait = -1;
+static PyObject *gpu_drop = NULL;     /* WatchedIterator._gpu_fast_drop(self, t_call) */
+static PyObject *gpu_failed = NULL;   /* WatchedIterator._gpu_fast_failed(self, exc, t_call) */
+static PyObject *str_countdown = NULL;  /* "_countdown" */
+static PyObject *int_zero = NULL, *int_one = NULL;
 static PyObject *fake_clock = NULL;     /* tests: a callable returning ints, instead of the clock */
 static PyObject *str_class = NULL;      /* "__class__" */
 
@@ -374,6 +381,153 @@ done:
 }
 
 static PyMethodDef fast_next_def;
+static Py_ssize_t slot_offset(PyObject *cls, const char *name);
+/* self.<slot> = value (a new reference is taken) */
+static inline void
+set_slot(PyObject *self, Py_ssize_t off, PyObject *value)
+{
+    PyObject *old = SLOT(self, off);
+    Py_INCREF(value);
+    SLOT(self, off) = value;
+    Py_XDECREF(old);
+}
+
+/* The exception in flight goes to a Python handler handler(self, exc, t_call), then is raised
+ * again (or the handler's own error is). Returns NULL. */
+static PyObject *
+hand_failure(PyObject *handler, PyObject *self, PyObject *t_call_obj)
+{
+    if (!PyErr_Occurred()) {
+        PyErr_SetNone(PyExc_StopIteration);
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    PyObject *res = t_call_obj == NULL ? NULL : PyObject_CallFunctionObjArgs(
+        handler, self, value ? value : Py_None, t_call_obj, NULL);
+    if (res == NULL) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+    }
+    else {
+        Py_DECREF(res);
+        PyErr_Restore(type, value, tb);
+    }
+    return NULL;
+}
+
+/* FastGpuWatchedIterator.__next__: the steps between two CUDA-measured ones. As the Python one:
+ * the countdown, one 6-tuple record of the step the call closes, the inner next(). */
+static PyObject *
+gpu_next(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *gpu = SLOT(self, off_gpu);
+    PyObject *it = SLOT(self, off_it);
+    PyObject *buffer = SLOT(self, off_buffer);
+    PyObject *capacity = SLOT(self, off_capacity);
+    PyObject *key = SLOT(self, off_key), *step = SLOT(self, off_step), *bs = SLOT(self, off_bs);
+    PyObject *t_call_prev = SLOT(self, off_t_call), *t_ret_prev = SLOT(self, off_t_ret);
+    if (gpu == NULL || it == NULL || Py_TYPE(it)->tp_iternext == NULL || buffer == NULL
+            || !PyList_CheckExact(buffer) || capacity == NULL || key == NULL || step == NULL
+            || bs == NULL || t_call_prev == NULL || t_ret_prev == NULL) {
+        return to_general(self);
+    }
+    PyObject *cd = PyObject_GetAttr(gpu, str_countdown);
+    if (cd == NULL) {
+        return NULL;
+    }
+    long countdown = PyLong_AsLong(cd);
+    Py_DECREF(cd);
+    if (countdown == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    countdown -= 1;
+    if (countdown <= 0) {  /* this step is measured: the full path (begin() draws the next gap) */
+        return to_general(self);
+    }
+    PyObject *cd_new = PyLong_FromLong(countdown);
+    if (cd_new == NULL) {
+        return NULL;
+    }
+    int rc = PyObject_SetAttr(gpu, str_countdown, cd_new);
+    Py_DECREF(cd_new);
+    if (rc < 0) {
+        return NULL;
+    }
+    Py_ssize_t room = PyLong_AsSsize_t(capacity);
+    if (room == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long long t_call;
+    if (read_clock(&t_call) < 0) {
+        return NULL;
+    }
+    PyObject *t_call_obj = PyLong_FromLongLong(t_call);
+    if (t_call_obj == NULL) {
+        return NULL;
+    }
+    Py_INCREF(it);
+    PyObject *batch = NULL;
+    if (PyList_GET_SIZE(buffer) < room) {
+        PyObject *record = PyTuple_Pack(6, key, step, t_call_prev, t_ret_prev, t_call_obj, bs);
+        if (record == NULL) {
+            goto done;
+        }
+        rc = append(buffer, record);
+        Py_DECREF(record);
+        if (rc < 0) {
+            goto done;
+        }
+    }
+    else {
+        PyObject *res = PyObject_CallFunctionObjArgs(gpu_drop, self, t_call_obj, NULL);
+        if (res == NULL) {
+            goto done;
+        }
+        Py_DECREF(res);
+    }
+    PyObject *next_step = PyNumber_Add(SLOT(self, off_step), int_one);
+    if (next_step == NULL) {
+        goto done;
+    }
+    set_slot(self, off_step, next_step);
+    Py_DECREF(next_step);
+    set_slot(self, off_t_wait, t_call_obj);
+    batch = (*Py_TYPE(it)->tp_iternext)(it);
+    if (batch == NULL) {
+        hand_failure(gpu_failed, self, t_call_obj);
+        goto done;
+    }
+    set_slot(self, off_t_wait, int_zero);
+    set_slot(self, off_t_call, t_call_obj);
+    long long t_ret;
+    PyObject *t_ret_obj = read_clock(&t_ret) < 0 ? NULL : PyLong_FromLongLong(t_ret);
+    if (t_ret_obj == NULL) {
+        Py_CLEAR(batch);
+        goto done;
+    }
+    set_slot(self, off_t_ret, t_ret_obj);
+    Py_DECREF(t_ret_obj);
+done:
+    Py_DECREF(it);
+    Py_DECREF(t_call_obj);
+    return batch;
+}
+
+static PyMethodDef gpu_next_def = {
+    "__next__", (PyCFunction)gpu_next, METH_NOARGS,
+    "The CUDA-event countdown path's next(): one record per step between measured ones (compiled)."};
+
+static PyObject *
+gpu_iternext(PyObject *self)
+{
+    return gpu_next(self, NULL);
+}
+
 
 /* The same as the type's tp_iternext slot: a for loop calls it without looking __next__ up
  * and without the method descriptor's call (about 150 instructions less per batch). */
@@ -398,14 +552,13 @@ install_iternext(PyObject *module, PyObject *cls)
     if (next == NULL) {
         return NULL;
     }
-    int ours = Py_IS_TYPE(next, &PyMethodDescr_Type)
-        && ((PyMethodDescrObject *)next)->d_method == &fast_next_def;
+    PyMethodDef *def = Py_IS_TYPE(next, &PyMethodDescr_Type) ? ((PyMethodDescrObject *)next)->d_method : NULL;
     Py_DECREF(next);
-    if (!ours) {
-        PyErr_SetString(PyExc_TypeError, "the class's __next__ is not the compiled fast path's");
+    if (def != &fast_next_def && def != &gpu_next_def) {
+        PyErr_SetString(PyExc_TypeError, "the class's __next__ is not a compiled fast path's");
         return NULL;
     }
-    ((PyTypeObject *)cls)->tp_iternext = fast_iternext;
+    ((PyTypeObject *)cls)->tp_iternext = def == &fast_next_def ? fast_iternext : gpu_iternext;
     PyType_Modified((PyTypeObject *)cls);
     Py_RETURN_NONE;
 }
@@ -459,6 +612,39 @@ bind(PyObject *module, PyObject *args)
     return PyDescr_NewMethod((PyTypeObject *)cls, &fast_next_def);
 }
 
+/* bind_gpu(WatchedIterator, its _gpu_fast_drop, its _gpu_fast_failed) -> the descriptor for
+ * FastGpuWatchedIterator.__next__ (after bind(), which gives the general path) */
+static PyObject *
+bind_gpu(PyObject *module, PyObject *args)
+{
+    PyObject *cls, *drop_fn, *failed_fn;
+    if (!PyArg_ParseTuple(args, "O!OO:bind_gpu", &PyType_Type, &cls, &drop_fn, &failed_fn)) {
+        return NULL;
+    }
+    if (general_class != cls) {
+        PyErr_SetString(PyExc_TypeError, "bind_gpu() needs the class bound by bind()");
+        return NULL;
+    }
+    const char *names[] = {"_gpu", "_buffer", "_capacity", "_key", "_step", "_t_call", "_t_ret", "_bs", "_t_wait"};
+    Py_ssize_t *offsets[] = {&off_gpu, &off_buffer, &off_capacity, &off_key, &off_step, &off_t_call, &off_t_ret,
+                             &off_bs, &off_t_wait};
+    Py_ssize_t found[9];
+    for (int i = 0; i < 9; i++) {
+        found[i] = slot_offset(cls, names[i]);
+        if (found[i] < 0) {
+            return NULL;
+        }
+    }
+    for (int i = 0; i < 9; i++) {
+        *offsets[i] = found[i];
+    }
+    Py_INCREF(drop_fn);
+    Py_XSETREF(gpu_drop, drop_fn);
+    Py_INCREF(failed_fn);
+    Py_XSETREF(gpu_failed, failed_fn);
+    return PyDescr_NewMethod((PyTypeObject *)cls, &gpu_next_def);
+}
+
 /* set_clock(callable | None): tests feed both cores the same clock */
 static PyObject *
 set_clock(PyObject *module, PyObject *clock)
@@ -486,6 +672,7 @@ clock_ns(PyObject *module, PyObject *Py_UNUSED(ignored))
 
 static PyMethodDef module_methods[] = {
     {"bind", bind, METH_VARARGS, "bind(WatchedIterator, its __next__, its _fast_failed): the fast __next__"},
+    {"bind_gpu", bind_gpu, METH_VARARGS, "bind_gpu(WatchedIterator, its _gpu_fast_drop, its _gpu_fast_failed): the CUDA fast __next__"},
     {"install_iternext", install_iternext, METH_O, "install_iternext(cls): the fast path as cls's tp_iternext slot"},
     {"set_clock", set_clock, METH_O, "set_clock(callable | None): read this instead of the clock (tests)"},
     {"clock_ns", clock_ns, METH_NOARGS, "the clock the fast path reads, in ns (time.perf_counter_ns's)"},
@@ -505,7 +692,10 @@ PyInit__ccore(void)
         return NULL;
     }
     str_class = PyUnicode_InternFromString("__class__");
-    if (str_class == NULL) {
+    str_countdown = PyUnicode_InternFromString("_countdown");
+    int_zero = PyLong_FromLong(0);
+    int_one = PyLong_FromLong(1);
+    if (str_class == NULL || str_countdown == NULL || int_zero == NULL || int_one == NULL) {
         return NULL;
     }
     if (PyType_Ready(&Times_Type) < 0) {

@@ -29,6 +29,7 @@ def test_the_compiled_core_is_built_in_this_checkout_and_is_the_default():
                          text=True, timeout=60, check=True)
     assert out.stdout.strip() == "c"
     assert type(loader.FastWatchedIterator.__dict__["__next__"]).__name__ == "method_descriptor"
+    assert type(loader.FastGpuWatchedIterator.__dict__["__next__"]).__name__ == "method_descriptor"
 
 
 class SharedClock:
@@ -269,3 +270,78 @@ def test_a_free_threaded_build_or_another_implementation_runs_the_python_core(mo
     monkeypatch.undo()
     compiled, why = core._load_c(loader.WatchedIterator)
     assert compiled is not None and why == ""
+
+
+def _a_cuda_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], SharedClock, int]:
+    """The CUDA-event countdown path (FastGpuWatchedIterator) on one clock: a stand-in GPU
+    whose events are recorded on one step in 4 (seeded gaps: the same steps in both runs)."""
+    from starvewatch import _ccore
+    from starvewatch.hooks import cuda
+    from tests.test_measurement import FakeGpu
+    clock = SharedClock()
+    core.use(core_name)
+    monkeypatch.setattr(loader, "_now", clock.python)
+    _ccore.set_clock(clock.compiled)
+    gpu = FakeGpu()
+    try:
+        transport = MemoryTransport()
+        session = starvewatch.init("same-clock-cuda", transport=transport)
+        session._gpu_timer = cuda.CudaEventTimer(gpu.event, every=4, seed=7)
+        fast_gpu_steps = 0
+        iterator = iter(starvewatch.watch(list(range(300)), name="train"))
+        for i, _ in enumerate(iterator):
+            fast_gpu_steps += type(iterator) is loader.FastGpuWatchedIterator
+            gpu.launch(0.00001)
+            if i % 50 == 25:
+                with starvewatch.step():
+                    pass
+        del iterator
+        summary = starvewatch.finish()
+    finally:
+        _ccore.set_clock(None)
+    assert summary["loaders"][0]["steps"] == 300
+    return _rows(transport), clock, fast_gpu_steps
+
+
+def test_both_cores_fed_the_same_clock_record_the_same_cuda_path_steps(monkeypatch):
+    rows_python, clock_python, fast_python = _a_cuda_training_with("python", monkeypatch)
+    rows_c, clock_c, fast_c = _a_cuda_training_with("c", monkeypatch)
+    assert fast_python == fast_c and 150 < fast_c < 270  # ~3 steps in 4 between measured ones
+    assert clock_python.c_reads == 0
+    # the compiled CUDA path read the clock for the steps it ran (a countdown that runs out
+    # goes to the general path, in Python, as in the Python core)
+    assert clock_c.c_reads >= 250 and clock_c.python_reads <= clock_python.python_reads - 250
+    assert clock_c.c_reads + clock_c.python_reads == clock_python.python_reads
+    assert len(rows_python) == 300
+    assert rows_c == rows_python
+
+
+@pytest.mark.parametrize("hot_path_core", ["python", "c"], indirect=True)
+def test_an_exception_on_the_cuda_path_reaches_the_loop_and_every_step_is_kept(hot_path_core):
+    from starvewatch.hooks import cuda
+    from tests.test_measurement import FakeGpu
+
+    def flaky():
+        for i in range(300):
+            if i == 200:
+                raise KeyError("bad sample")
+            yield i
+
+    gpu = FakeGpu()
+    transport = MemoryTransport()
+    session = starvewatch.init("flaky-cuda", transport=transport)
+    session._gpu_timer = cuda.CudaEventTimer(gpu.event, every=4, seed=3)
+    seen, classes = [], []
+    iterator = iter(starvewatch.watch(flaky(), name="train"))
+    with pytest.raises(KeyError, match="bad sample"):
+        for x in iterator:
+            classes.append(type(iterator))
+            seen.append(x)
+    assert seen == list(range(200))
+    # the failing call ran on the CUDA fast path (seed 3: no measured step there)
+    assert classes[-1] is loader.FastGpuWatchedIterator and session._gpu_timer._countdown > 1
+    assert type(iterator) is loader.WatchedIterator and iterator.waiting_since() is None
+    del iterator
+    summary = starvewatch.finish()
+    assert summary["loaders"][0]["steps"] == 200
+    assert [r[2] for r in _rows(transport)] == list(range(200))

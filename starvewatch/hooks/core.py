@@ -23,14 +23,17 @@ CORES = ("c", "python")
 
 _fast_cls = None
 _general_cls = None
+_gpu_cls = None
 _python_next = None  # FastWatchedIterator.__next__ as loader.py defines it
-_c_next = None  # the compiled one, bound to WatchedIterator; None where unavailable
+_python_gpu_next = None  # FastGpuWatchedIterator.__next__ as loader.py defines it
+_c_next = None  # the compiled ones, bound to WatchedIterator; None where unavailable
+_c_gpu_next = None
 _unavailable = "not loaded yet"  # why the compiled core cannot run, when it cannot
 _current = "python"
 
 
-def _load_c(general_cls) -> tuple[object | None, str]:
-    """(the compiled __next__, "") or (None, why not)."""
+def _load_c(general_cls) -> tuple[tuple | None, str]:
+    """((the compiled fast __next__, the CUDA one), "") or (None, why not)."""
     if sys.implementation.name != "cpython":
         return None, f"{sys.implementation.name} runs the Python core"
     if sysconfig.get_config_var("Py_GIL_DISABLED"):
@@ -48,7 +51,9 @@ def _load_c(general_cls) -> tuple[object | None, str]:
         after = perf_counter_ns()
         if not before <= reading <= after:
             return None, "the compiled extension's clock is not time.perf_counter_ns's"
-        return _ccore.bind(general_cls, general_cls.__next__, general_cls._fast_failed), ""
+        fast = _ccore.bind(general_cls, general_cls.__next__, general_cls._fast_failed)
+        gpu = _ccore.bind_gpu(general_cls, general_cls._gpu_fast_drop, general_cls._gpu_fast_failed)
+        return (fast, gpu), ""
     except Exception as exc:
         return None, f"the compiled extension could not be bound ({type(exc).__name__}: {exc})"
 
@@ -69,13 +74,14 @@ def take_notice() -> str:
     return notice
 
 
-def select(fast_cls, general_cls, environ=os.environ) -> str:
+def select(fast_cls, general_cls, gpu_cls, environ=os.environ) -> str:
     """At import of hooks/loader.py: install the core the environment asks for (default: c
     where available). Returns its name."""
-    global _fast_cls, _general_cls, _python_next, _c_next, _unavailable
-    _fast_cls, _general_cls = fast_cls, general_cls
-    _python_next = fast_cls.__dict__["__next__"]
-    _c_next, _unavailable = _load_c(general_cls)
+    global _fast_cls, _general_cls, _gpu_cls, _python_next, _python_gpu_next, _c_next, _c_gpu_next, _unavailable
+    _fast_cls, _general_cls, _gpu_cls = fast_cls, general_cls, gpu_cls
+    _python_next, _python_gpu_next = fast_cls.__dict__["__next__"], gpu_cls.__dict__["__next__"]
+    compiled, _unavailable = _load_c(general_cls)
+    _c_next, _c_gpu_next = compiled if compiled is not None else (None, None)
     default = "c" if _c_next is not None else "python"
     raw = environ.get(ENV)
     wanted = default if raw is None or not raw.strip() else raw.strip().lower()
@@ -102,9 +108,11 @@ def use(core: str) -> str:
     if core == "c" and _c_next is None:
         raise ValueError(f"the c core is unavailable: {_unavailable}")
     _fast_cls.__next__ = _c_next if core == "c" else _python_next  # sets the type's slot too
+    _gpu_cls.__next__ = _c_gpu_next if core == "c" else _python_gpu_next
     if core == "c":
         _ccore = import_module("starvewatch._ccore")
-        _ccore.install_iternext(_fast_cls)  # the slot calls the C function directly
+        _ccore.install_iternext(_fast_cls)  # the slots call the C functions directly
+        _ccore.install_iternext(_gpu_cls)
         _general_cls._new_times = _ccore.Times  # segments begun from now on; running ones go on
     else:
         _general_cls._new_times = list

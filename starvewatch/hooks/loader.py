@@ -268,6 +268,17 @@ class WatchedIterator:
         self._leave_fast()  # the step was closed by the call's clock read; none is open
         self._failed(exc, t_call)
 
+    def _gpu_fast_drop(self, t_call: int) -> None:
+        """The CUDA fast path's step closed by `t_call` finds the buffer full (both cores)."""
+        self._drop(self._t_ret - self._t_call, t_call - self._t_ret, 0, None)
+
+    def _gpu_fast_failed(self, exc: BaseException, t_call: int) -> None:
+        """The CUDA fast path's next() raised: shared by both cores, which re-raise after it."""
+        self._t_wait = 0
+        self._open = False  # the step was recorded before the call
+        self.__class__ = WatchedIterator
+        self._failed(exc, t_call)
+
     def rotate(self, segment) -> None:
         """Called from the shipper thread: end this fast-path segment at the next batch (the
         general path starts a new one), so that no segment's list grows without bound."""
@@ -420,16 +431,13 @@ class FastGpuWatchedIterator(WatchedIterator):
         if len(buffer) < self._capacity:
             buffer.append((self._key, self._step, self._t_call, self._t_ret, t_call, self._bs))
         else:
-            self._drop(self._t_ret - self._t_call, t_call - self._t_ret, 0, None)
+            self._gpu_fast_drop(t_call)
         self._step += 1
         self._t_wait = t_call
         try:
             batch = next(self._it)
         except BaseException as exc:
-            self._t_wait = 0
-            self._open = False  # the step was recorded above
-            self.__class__ = WatchedIterator
-            self._failed(exc, t_call)
+            self._gpu_fast_failed(exc, t_call)
             raise
         self._t_wait = 0
         self._t_call = t_call
@@ -656,4 +664,4 @@ class _PhaseTimer:
 # Python one above; STARVEWATCH_CORE=python|c forces either (hooks/core.py).
 from . import core as _core  # noqa: E402  (needs the classes above)
 
-_core.select(FastWatchedIterator, WatchedIterator)
+_core.select(FastWatchedIterator, WatchedIterator, FastGpuWatchedIterator)
