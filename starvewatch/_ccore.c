@@ -3,11 +3,14 @@
  * hooks/loader.py keeps the whole design: an epoch's iterator switches its __class__ between
  * WatchedIterator (the general path) and FastWatchedIterator (the steady state), and every
  * switch back (mark(), rotate(), probe_cpu(), the buffer's room, an exception, the end) stays
- * in Python. What this module provides is only FastWatchedIterator.__next__: a method
- * descriptor of WatchedIterator (so the class switch still selects it) that does what the
- * Python one does, i.e. one length check, a clock read appended to the segment's list, the
- * inner next(), a clock read appended. Its fallbacks call back into Python (the general
- * __next__, _fast_failed), so the rare paths have one implementation.
+ * in Python. What this module provides is FastWatchedIterator.__next__ and
+ * FastGpuWatchedIterator.__next__: method descriptors of WatchedIterator (so the class switch
+ * still selects them, and hooks/core.py also puts them in those types' tp_iternext slots) that
+ * do what the Python ones do: one length check, a clock read appended to the segment's reads
+ * (a Times, below), the inner next(), a clock read appended; or, on the CUDA path, the
+ * countdown, one 6-tuple record and the slot writes. Their fallbacks call back into Python
+ * (the general __next__, _fast_failed, _gpu_fast_failed, _gpu_fast_drop), so the rare paths
+ * have one implementation.
  *
  * The slots of the iterator are read at the offsets of WatchedIterator's __slots__ member
  * descriptors, resolved once in bind(). The shipper slices the segment's list on another
