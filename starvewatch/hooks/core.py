@@ -1,4 +1,4 @@
-"""Which implementation runs the hot path's fast `__next__`: compiled or pure Python.
+"""Which implementation runs the hot path's fast `__next__`s: compiled or pure Python.
 
 Like coverage.py's C tracer beside its Python one: the compiled core (starvewatch/_ccore.c,
 built by `pip install` where a C compiler is found) is chosen at import where it loads and
@@ -7,8 +7,9 @@ extension). `STARVEWATCH_CORE=python|c` forces either; a value that is neither, 
 the extension is unavailable, says so in one console line (at the run's start) and runs the default. Nothing here
 can stop training: any failure of the extension means the Python core.
 
-Only FastWatchedIterator's `__next__` differs between the two: the class switching, the
-general path and everything delivery reads are hooks/loader.py's, so the records match.
+Only the fast classes' `__next__` (FastWatchedIterator's and FastGpuWatchedIterator's) and
+the container of a segment's reads differ between the two: the class switching, the general
+path and everything delivery reads are hooks/loader.py's, so the records match.
 """
 from __future__ import annotations
 
