@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # What the sdist is built from: the files a release needs, not the checkout's caches and outputs.
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "starvewatch")
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "LICENSE", "starvewatch")
 DEMO_TIMEOUT_S = 180
 SWEEP_WAIT_S = 30  # the collector sweeps the spool every 5 s
 

@@ -2,8 +2,8 @@
 
     python -m benchmarks.readme_table [--results DIR] [--readme PATH] [--docs PATH] [--check]
 
-Reads overhead.json, instructions.json, sampler.json, ingest.json, dashboard.json and soak.json
-(each written by the benchmark of the same name) and writes one row per figure, | what |
+Reads overhead.json, instructions.json, sampler.json, ingest.json, dashboard.json, soak.json and
+instructions_per_thread.json (each written by the benchmark of the same name) and writes one row per figure, | what |
 measured | target | command |, between <!-- overhead:begin --> and <!-- overhead:end --> in
 README.md and in the docs site's performance page (docs/performance.md). A figure that misses its target is marked "(not met)" here, from the figure; a file
 (or a part of one) that is missing reads "not measured"; a file from a shortened run (`--quick`,
@@ -26,7 +26,7 @@ from benchmarks.results_io import README, RESULTS, ROOT, replace_section  # noqa
 
 BEGIN, END = "<!-- overhead:begin -->", "<!-- overhead:end -->"
 DOCS_PAGE = ROOT / "docs" / "performance.md"  # the site's copy of the table
-FILES = ("overhead", "instructions", "sampler", "ingest", "dashboard", "soak")
+FILES = ("overhead", "instructions", "sampler", "ingest", "dashboard", "soak", "instructions_per_thread")
 MIB = 2**20
 
 
@@ -84,6 +84,30 @@ def _delay(d: dict) -> str:
     return f"**{d['p95_s']:.2f} s** (p50 {d['p50_s']:.2f} s)"
 
 
+C_CORE_TARGET = 300  # instructions per batch on the training thread (issue 29)
+
+
+def _cores(bare: str, watched: str) -> tuple[Callable[[dict], str], Callable[[dict], bool]]:
+    """The figure and the target check of a row comparing both hot-path cores over `bare`
+    (instructions per batch, training thread first, the whole process in brackets)."""
+    keys = (bare, f"{watched}:c", f"{watched}:python")
+
+    def added(p: dict, core: str, where: str) -> int:
+        return p[f"{watched}:{core}"][where] - p[bare][where]
+
+    def figure(p: dict) -> str:
+        if not all(k in p for k in keys):
+            return "not measured"
+        return (f"**C core {added(p, 'c', 'training_thread'):+,}**, Python core "
+                f"{added(p, 'python', 'training_thread'):+,} (process: {added(p, 'c', 'process'):+,} / "
+                f"{added(p, 'python', 'process'):+,}) of {p[bare]['training_thread']:,}")
+
+    def met(p: dict) -> bool:
+        return not all(k in p for k in keys) or added(p, "c", "training_thread") <= C_CORE_TARGET
+
+    return figure, met
+
+
 ROWS = (
     Row("`watch()` cost per batch (bare loop over a list)", "overhead", "plain_iterator", "≤ 300 ns",
         lambda r: f"**{r['added_ns']:,.0f} ns** (training thread's CPU {r['thread_cpu_added_ns']:,.0f} ns)",
@@ -121,6 +145,12 @@ ROWS = (
     Row("soak, 600 s: 2 trainings + 30 clients at 10x a 100 steps/s job", "soak", None, "0 lost; page ≤ 2 s",
         _soak, _soak_met),
     Row("collector RSS over that soak", "soak", "rss", "bounded", _rss, whole=True),
+    Row("hot path, instructions per item over a bare list loop (training thread)", "instructions_per_thread",
+        "per_batch", f"C core ≤ +{C_CORE_TARGET}", *_cores("barelist", "list")),
+    Row("hot path, instructions per batch over a bare `DataLoader` loop (training thread)",
+        "instructions_per_thread", "per_batch", f"C core ≤ +{C_CORE_TARGET}", *_cores("bare", "watched")),
+    Row("hot path, instructions per batch over the bare tiny train step (training thread)",
+        "instructions_per_thread", "per_batch", f"C core ≤ +{C_CORE_TARGET}", *_cores("baretrain", "train")),
 )
 
 

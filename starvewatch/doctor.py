@@ -29,6 +29,15 @@ def run_checks(directory: Path):
     except ImportError:
         yield ("NVML", not cuda, "nvidia-ml-py is not installed: no GPU utilization samples",
                "pip install 'starvewatch[gpu]'")
+    from .hooks import core, loader  # noqa: F401  (importing the loader chooses the core)
+    if core.current() == "c":
+        yield ("hot path", True, "the compiled core (starvewatch._ccore) measures each batch", None)
+    else:
+        why = core.why_not_c() or f"{core.ENV}=python"
+        yield ("hot path", True, f"the pure-Python core measures each batch: {why}",
+               None if core.c_available() else
+               "optional: reinstall with a C compiler and the Python headers (gcc, python3-dev) for the "
+               "compiled core, a few hundred ns less per batch")
     try:
         shm = shutil.disk_usage("/dev/shm")
         gib = shm.total / 2**30

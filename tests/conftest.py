@@ -154,3 +154,34 @@ def collector(isolated_starvewatch):
         c.kill()
         if c.log:
             c.log.close()
+
+
+# ---- both hot-path cores (issue 29) ----------------------------------------------------------
+# These files exercise the per-batch path (segments, rotation, step() switching, the CUDA
+# stand-in): each of their tests runs once per core, the compiled one where it is built (a
+# checkout without it runs the Python core only; test_core.py says whether it was built).
+HOT_PATH_FILES = {"test_watch_semantics", "test_measurement", "test_hooks_input", "test_several_loaders",
+                  "test_delivery_bugs"}
+
+
+def pytest_generate_tests(metafunc):
+    if "hot_path_core" in metafunc.fixturenames and metafunc.module.__name__.rsplit(".", 1)[-1] in HOT_PATH_FILES:
+        from starvewatch.hooks import core
+        metafunc.parametrize("hot_path_core", ["python", "c"] if core.c_available() else ["python"],
+                             indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def hot_path_core(request, monkeypatch):
+    """The core a hot-path test runs on (also for the processes it starts: STARVEWATCH_CORE)."""
+    from starvewatch.hooks import core
+    wanted = getattr(request, "param", None)
+    before = core.current()
+    if wanted is not None:
+        monkeypatch.setenv(core.ENV, wanted)
+        core.use(wanted)
+    try:
+        yield core.current()
+    finally:
+        if core.current() != before:  # a test that switched cores leaves the next one as it found it
+            core.use(before)

@@ -143,9 +143,12 @@ def test_the_collector_knows_no_ui():
 def test_the_hot_path_imports_nothing_of_the_session_or_of_delivery():
     graph = import_graph()
     assert graph["starvewatch.hooks.loader"] <= {"starvewatch.hooks.introspect",
-                                                "starvewatch.record_layout"}
+                                                "starvewatch.record_layout", "starvewatch.hooks.core"}
     assert "starvewatch.record_layout" in graph["starvewatch.hooks.loader"]
     assert graph["starvewatch.record_layout"] == set()
+    # the choice of the compiled or the Python fast path (issue 29): a leaf (the optional
+    # extension, starvewatch._ccore, is not a module of the source tree)
+    assert graph["starvewatch.hooks.core"] == set()
 
 
 # What delivery may take from the rest of hooks/: leaves that import nothing of the package

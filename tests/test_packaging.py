@@ -102,3 +102,43 @@ def test_the_smoke_refuses_a_package_imported_from_the_checkout(tmp_path):
                          text=True, timeout=60)
     assert out.returncode != 0
     assert "source tree" in out.stderr
+
+
+def test_the_sdist_carries_the_c_source_and_the_wheel_the_compiled_core(dist):
+    """Issue 29: the compiled hot path is built by the normal install; its source ships in
+    the sdist, so that `pip install` from an index builds it too; the wheel is platform-specific."""
+    sdist, wheel = dist
+    with tarfile.open(sdist) as tf:
+        names = {name.split("/", 1)[1] for name in tf.getnames() if "/" in name}
+    assert {"setup.py", "starvewatch/_ccore.c"} <= names
+    with zipfile.ZipFile(wheel) as zf:
+        compiled = [n for n in zf.namelist() if n.startswith("starvewatch/_ccore") and n.endswith(".so")]
+    assert len(compiled) == 1, compiled
+    assert not wheel.name.endswith("-none-any.whl"), wheel.name  # a binary wheel, tagged for its platform
+
+
+def test_a_build_without_a_c_compiler_installs_and_runs_the_python_core(dist, tmp_path):
+    """CC=false: every compiler call fails. The install goes on without the extension and
+    starvewatch imports, chooses the Python core and measures a loop."""
+    sdist, _ = dist
+    target = tmp_path / "site"
+    env = dict(os.environ, CC="false", CXX="false", LDSHARED="false")
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                          "--no-build-isolation", "--no-cache-dir", "--target", str(target), str(sdist)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert list((target / "starvewatch").glob("_ccore*.so")) == []
+    assert (target / "starvewatch" / "hooks" / "core.py").is_file()
+    code = ("import starvewatch\nfrom starvewatch.hooks import core\nprint(starvewatch.__file__)\n"
+            "print(core.current())\nstarvewatch.init('no-compiler')\n"
+            "print(sum(1 for _ in starvewatch.watch(range(500))))\n"
+            "print(starvewatch.finish(quiet=True)['loaders'][0]['steps'])\n")
+    run_env = {k: v for k, v in os.environ.items() if not k.startswith("STARVEWATCH_")}
+    run_env.update(PYTHONPATH=str(target), STARVEWATCH_URL="off", STARVEWATCH_AUTOSTART="0",
+                   STARVEWATCH_DIR=str(tmp_path / "sw"), STARVEWATCH_QUIET="1")
+    ran = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=run_env, capture_output=True,
+                         text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    file, chosen, items, steps = ran.stdout.split()
+    assert Path(file).parent == target / "starvewatch"
+    assert (chosen, items, steps) == ("python", "500", "500")

@@ -90,7 +90,8 @@ def test_footnote_dates_and_loads(results: Path) -> None:
     assert "`overhead.json` measured 2026-11-20, load 0.4–1.2 on 2 CPUs;" in note
     assert "`sampler.json` measured 2026-11-21, load 2.0 on 16 CPUs, quick run;" in note
     assert "`soak.json` measured 2026-11-22, load not recorded, quick run;" in note
-    assert note.endswith("not measured: `instructions.json`, `ingest.json`, `dashboard.json`.")
+    assert note.endswith("not measured: `instructions.json`, `ingest.json`, `dashboard.json`, "
+                         "`instructions_per_thread.json`.")
 
 
 def test_thresholds_both_ways(tmp_path: Path) -> None:
@@ -141,3 +142,25 @@ def test_repo_pages_have_the_markers(page: str, heading: str) -> None:
 def test_repo_tables_are_up_to_date() -> None:
     """The README's and the site's figures are the results files' (both written by the script)."""
     assert readme_table.main(["--check"]) == 0
+
+
+def test_both_hot_path_cores_against_the_c_core_target(tmp_path: Path) -> None:
+    """instructions_per_thread.json: both cores over the bare loop, the C core judged against
+    its +300 instructions per batch; a mode missing from the file reads "not measured"."""
+    out = tmp_path / "results"
+
+    def mode(thread: int, process: int) -> dict:
+        return {"training_thread": thread, "process": process}
+
+    for c_thread, marked in ((1300, False), (1301, True)):
+        _write(out, "instructions_per_thread", {"per_batch": {
+            "barelist": mode(1000, 1500), "list:c": mode(c_thread, 2600), "list:python": mode(3600, 5000),
+            "bare": mode(900_000, 950_000), "watched:python": mode(902_500, 953_000)}})
+        rows = _rows(readme_table.table(out))
+        plain = rows["hot path, instructions per item over a bare list loop (training thread)"]
+        assert plain[0] == (f"**C core {c_thread - 1000:+,}**, Python core +2,600 (process: +1,100 / +3,500) "
+                            "of 1,000")
+        assert plain[1] == "C core ≤ +300" + (" (**not met**)" if marked else "")
+        assert plain[2] == "`python benchmarks/instructions_per_thread.py`"
+        loader = rows["hot path, instructions per batch over a bare `DataLoader` loop (training thread)"]
+        assert loader[:2] == ["not measured", "C core ≤ +300"]  # watched:c is missing

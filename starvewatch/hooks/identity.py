@@ -14,6 +14,7 @@ from pathlib import Path
 from ..cpus import cpu_limit
 from ..ids import id_problem, safe_id, safe_name
 from ..redact import redact_argv
+from .core import current as current_core
 
 
 log = logging.getLogger("starvewatch.hooks")
@@ -177,6 +178,7 @@ def run_metadata(name: str, run_id: str) -> dict:
         "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "ram_total_bytes": _total_ram_bytes(), "shm_total_bytes": _shm_bytes(),
         "torch": None, "cuda_devices": [], **rank_info(),
+        "core": current_core(),  # the hot path's implementation: "c" (compiled) or "python"
     }
     torch = sys.modules.get("torch")
     if torch is not None:

@@ -74,6 +74,10 @@ class WatchedIterator:
                  "_cpu_probe", "_times", "_segment", "_reads_left", "_last_segment", "_t_wait",
                  "_spans", "_active", "_thread_id", "__weakref__")
 
+    # What a segment's clock reads are kept in: a list (the Python core) or the compiled core's
+    # _ccore.Times (int64 reads, ints made when the shipper reads them); hooks/core.py sets it.
+    _new_times = list
+
     def __init__(self, inner, state, t_iter_call: int, t_iter_ret: int) -> None:
         self._it = inner
         self._state = state
@@ -194,7 +198,7 @@ class WatchedIterator:
         if room < 2 or (last is not None and not last.done()):
             return
         self._last_segment = None
-        times = [self._t_call, self._t_ret]  # the open step is the segment's first
+        times = self._new_times((self._t_call, self._t_ret))  # the open step is the segment's first
         segment = Segment(self._key, self._step, self._bs, times, self._wref)
         self._buffer.append(segment)  # the shipper finds it in order with this loader's records
         self._times, self._segment, self._reads_left = times, segment, 2 * room
@@ -260,6 +264,24 @@ class WatchedIterator:
             self._buffer.append((self._key, t_call, t, t - t_call, "end"))
         if isinstance(exc, StopIteration):
             self._end(t)
+
+    def _fast_failed(self, exc: BaseException, t_call: int) -> None:
+        """The fast path's next() raised (the end of the epoch, a failing loader): shared by
+        the Python and the compiled fast path (hooks/core.py), which re-raise after it."""
+        self.__class__ = WatchedIterator
+        self._leave_fast()  # the step was closed by the call's clock read; none is open
+        self._failed(exc, t_call)
+
+    def _gpu_fast_drop(self, t_call: int) -> None:
+        """The CUDA fast path's step closed by `t_call` finds the buffer full (both cores)."""
+        self._drop(self._t_ret - self._t_call, t_call - self._t_ret, 0, None)
+
+    def _gpu_fast_failed(self, exc: BaseException, t_call: int) -> None:
+        """The CUDA fast path's next() raised: shared by both cores, which re-raise after it."""
+        self._t_wait = 0
+        self._open = False  # the step was recorded before the call
+        self.__class__ = WatchedIterator
+        self._failed(exc, t_call)
 
     def rotate(self, segment) -> None:
         """Called from the shipper thread: end this fast-path segment at the next batch (the
@@ -393,9 +415,7 @@ class FastWatchedIterator(WatchedIterator):
         try:
             batch = next(self._it)
         except BaseException as exc:
-            self.__class__ = WatchedIterator
-            self._leave_fast()  # the step was closed above; none is open
-            self._failed(exc, t_call)
+            self._fast_failed(exc, t_call)
             raise
         times.append(_now())
         return batch
@@ -420,16 +440,13 @@ class FastGpuWatchedIterator(WatchedIterator):
         if len(buffer) < self._capacity:
             buffer.append((self._key, self._step, self._t_call, self._t_ret, t_call, self._bs))
         else:
-            self._drop(self._t_ret - self._t_call, t_call - self._t_ret, 0, None)
+            self._gpu_fast_drop(t_call)
         self._step += 1
         self._t_wait = t_call
         try:
             batch = next(self._it)
         except BaseException as exc:
-            self._t_wait = 0
-            self._open = False  # the step was recorded above
-            self.__class__ = WatchedIterator
-            self._failed(exc, t_call)
+            self._gpu_fast_failed(exc, t_call)
             raise
         self._t_wait = 0
         self._t_call = t_call
@@ -650,3 +667,10 @@ class _PhaseTimer:
             with _PhaseTimer(name):
                 return fn(*args, **kwargs)
         return wrapper
+
+
+# The fast path's __next__: compiled (starvewatch._ccore) where it is available, else the
+# Python one above; STARVEWATCH_CORE=python|c forces either (hooks/core.py).
+from . import core as _core  # noqa: E402  (needs the classes above)
+
+_core.select(FastWatchedIterator, WatchedIterator, FastGpuWatchedIterator)

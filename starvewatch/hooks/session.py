@@ -17,6 +17,7 @@ from time import perf_counter_ns
 
 from ..ids import safe_id, safe_name
 from . import cuda
+from .core import take_notice as take_core_notice
 from .identity import default_run_name, rank_info, run_id_for, run_metadata
 from .introspect import dataloader_config, is_torch_dataloader, wrapped_loader
 from .delivery.account import Warnings
@@ -296,6 +297,9 @@ def init(name: str | None = None, *, url: str | None = None, dir=None, transport
             from .notebook import prepare_environment
             prepare_environment()
         _SESSION = Session(name or default_run_name(), settings, transport, after_run_id=after)
+        notice = take_core_notice()  # STARVEWATCH_CORE asked for what cannot run (hooks/core.py)
+        if notice and not settings.quiet:
+            print(notice, file=sys.stderr, flush=True)
         _register_atexit()
         from .samplers import start_samplers
         start_samplers(_SESSION)
