@@ -192,8 +192,12 @@ def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed
         assert loaders["train"]["config"]["sampler"] == "DistributedSampler"
         assert loaders["val"]["config"]["sampler"] == "DistributedSampler"
     found = c.get(f"/api/v1/runs/{run[0]['id']}/stragglers")
-    assert found["compute_measured"]["train"] is True
-    named = [(s["rank"], s["kind"], s["loader"]) for s in found["stragglers"]]
+    assert found["compute_measured"] == {"train": True, "val": False}  # no forward phase in validation
+    # The slowness the program put in is judged on the training loader. Validation is 2 steps
+    # a rank per epoch with nothing slowed: on a loaded machine one rank's 4 x 2 ms sleeps can
+    # really run 10% of a step longer there (seen: rank 1 at 10.1% of a 127 ms step), which is
+    # what the rule is for, not something this program controls.
+    named = [(s["rank"], s["kind"], s["loader"]) for s in found["stragglers"] if s["loader"] == "train"]
     assert named == [(1, "compute", "train")], found
 
 
