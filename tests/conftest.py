@@ -100,7 +100,9 @@ class Collector:
             self.log.close()
         self.log = open(self.directory / f"collector-{self.port}.log", "ab")
         self.proc = _subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
-        wait_until(self.healthy, what=f"collector on {self.url}")
+        # A deadline for an event, not a measurement: at a load average of 12 on 2 cores the
+        # import of uvicorn + FastAPI alone ran past 20 s.
+        wait_until(self.healthy, timeout_s=60, what=f"collector on {self.url}")
         return self
 
     def healthy(self):
@@ -145,9 +147,9 @@ def collector(isolated_starvewatch):
     started = []
 
     def start(**kwargs):
-        c = Collector(isolated_starvewatch, **kwargs).start()
-        started.append(c)
-        return c
+        c = Collector(isolated_starvewatch, **kwargs)
+        started.append(c)  # before start(): one that never answers is killed too, not left behind
+        return c.start()
 
     yield start
     for c in started:

@@ -177,7 +177,8 @@ def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed
     all-reduce, and the callback's forward phase names rank 1 a compute straggler."""
     c = collector()
     env = {**os.environ, "STARVEWATCH_URL": c.url, "SW_NAME": "lightning-ddp", "GLOO_SOCKET_IFNAME": "lo",
-           "OMP_NUM_THREADS": "1", "SW_SLOW_FORWARD_RANK": "1"}
+           "OMP_NUM_THREADS": "1", "SW_SLOW_FORWARD_RANK": "1",
+           "SW_LOAD_S": "0"}  # no sleeps to load: on a loaded machine they overrun unevenly across ranks
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), str(PROGRAMS / "lightning_train.py")]
     done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=180)
@@ -192,8 +193,13 @@ def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed
         assert loaders["train"]["config"]["sampler"] == "DistributedSampler"
         assert loaders["val"]["config"]["sampler"] == "DistributedSampler"
     found = c.get(f"/api/v1/runs/{run[0]['id']}/stragglers")
-    assert found["compute_measured"]["train"] is True
-    named = [(s["rank"], s["kind"], s["loader"]) for s in found["stragglers"]]
+    assert found["compute_measured"] == {"train": True, "val": False}  # no forward phase in validation
+    # Only the slowness the program put in is named. With 4 x 2 ms sleeps to load a batch, a
+    # loaded machine overran them unevenly: rank 0 named an input straggler on train, rank 1 on
+    # validation (10.1% of a 127 ms step), true of those runs but not what this program controls.
+    # Validation (2 unslowed steps a rank per epoch, a few ms each) stays out of the comparison:
+    # one preemption there is 10% of its step.
+    named = [(s["rank"], s["kind"], s["loader"]) for s in found["stragglers"] if s["loader"] == "train"]
     assert named == [(1, "compute", "train")], found
 
 

@@ -2,7 +2,6 @@
 DataLoader workers and sleeping datasets (tiny budgets)."""
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -157,14 +156,16 @@ def test_snippet_is_ready_to_paste():
 
 
 def test_a_trial_that_would_not_fit_in_dev_shm_is_skipped_with_the_reason(monkeypatch, capsys):
-    # 4 x 16 KiB items: 64 KiB batches. A /dev/shm with 100 KiB free cannot hold 2 in flight + 1.
-    used = shutil.disk_usage("/dev/shm").used
-    monkeypatch.setenv("STARVEWATCH_SHM_LIMIT_BYTES", str(used + 100 * 2**10))
+    # 4 x 16 KiB items: 64 KiB batches. A /dev/shm of 100 KiB cannot hold 2 in flight + 1. The
+    # limit is absolute: free = limit - used is at most 100 KiB whatever other processes hold
+    # there meanwhile (a limit of used-at-start + 100 KiB read "0 bytes" free once they grew).
+    monkeypatch.setenv("STARVEWATCH_SHM_LIMIT_BYTES", str(100 * 2**10))
     result = starvewatch.tune(sleepy_factory(item_ms=1, size=4096), budget_s=5)
     skipped = [t for t in result.trials if t.status == "skipped"]
     assert skipped and skipped[0].config.num_workers == 1
     assert "would need 192 KiB of /dev/shm (3 batches in flight x 64 KiB)" in skipped[0].reason
-    assert re.search(r"but \d+ KiB is free$", skipped[0].reason)  # others may use /dev/shm meanwhile
+    free = re.search(r"but ([\d.]+) (bytes|KiB) is free$", skipped[0].reason)  # what others left of it
+    assert free and float(free[1]) * (2**10 if free[2] == "KiB" else 1) <= 100 * 2**10
     assert not any(t.worker_pids for t in result.trials)  # no worker was started
     assert result.answer.config == LoaderConfig(0)
     printed = capsys.readouterr().out
