@@ -129,7 +129,11 @@ def test_a_build_without_a_c_compiler_installs_and_runs_the_python_core(dist, tm
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert list((target / "starvewatch").glob("_ccore*.so")) == []
     assert (target / "starvewatch" / "hooks" / "core.py").is_file()
-    code = ("import starvewatch\nfrom starvewatch.hooks import core\nprint(starvewatch.__file__)\n"
+    # A machine with only this install: an editable install of the checkout (as .ci/run makes)
+    # leaves a finder on sys.meta_path that would resolve starvewatch._ccore to the checkout's
+    # compiled module when the target has none.
+    code = ("import sys\nsys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in str(getattr(f, '__module__', ''))]\n"
+            "import starvewatch\nfrom starvewatch.hooks import core\nprint(starvewatch.__file__)\n"
             "print(core.current())\nstarvewatch.init('no-compiler')\n"
             "print(sum(1 for _ in starvewatch.watch(range(500))))\n"
             "print(starvewatch.finish(quiet=True)['loaders'][0]['steps'])\n")
