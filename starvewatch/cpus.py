@@ -135,31 +135,19 @@ def cpu_limit(pid: int | str = "self", root: str = "/", affinity_cores: int | No
         mounts, memberships = _mounts(root), _memberships(root, pid)
         for hierarchy, controllers, path in memberships:
             if hierarchy == "0" and not controllers:  # cgroup v2: the unified hierarchy
-                for point, mount_root, fstype, _ in mounts:
-                    if fstype != "cgroup2":
-                        continue
-                    directory = _cgroup_dir(point, mount_root, path)
-                    if directory is None:
-                        continue
-                    for d in _chain(directory, point):
-                        quota = _v2_quota(d)
-                        if quota is not None and (best is None or quota < best[0]):
-                            best = (quota, 2, d, {"v2_stat": os.path.join(d, "cpu.stat")})
+                for d in _hierarchy_dirs(mounts, path, "cgroup2"):
+                    quota = _v2_quota(d)
+                    if quota is not None and (best is None or quota < best[0]):
+                        best = (quota, 2, d, {"v2_stat": os.path.join(d, "cpu.stat")})
             elif "cpu" in controllers:
-                for point, mount_root, fstype, options in mounts:
-                    if fstype != "cgroup" or "cpu" not in options:
-                        continue
-                    directory = _cgroup_dir(point, mount_root, path)
-                    if directory is None:
-                        continue
-                    for d in _chain(directory, point):
-                        quota = _v1_quota(d)
-                        if quota is not None and (best is None or quota < best[0]):
-                            # The quota's own cgroup counts what it throttles; its usage is
-                            # cpuacct's, in the same directory when both are mounted together.
-                            usage = os.path.join(d, "cpuacct.usage")
-                            best = (quota, 1, d, {"v1_stat": os.path.join(d, "cpu.stat"), "v1_usage": usage
-                                                  if os.path.exists(usage) else _v1_usage_file(mounts, memberships)})
+                for d in _hierarchy_dirs(mounts, path, "cgroup", "cpu"):
+                    quota = _v1_quota(d)
+                    if quota is not None and (best is None or quota < best[0]):
+                        # The quota's own cgroup counts what it throttles; its usage is
+                        # cpuacct's, in the same directory when both are mounted together.
+                        usage = os.path.join(d, "cpuacct.usage")
+                        best = (quota, 1, d, {"v1_stat": os.path.join(d, "cpu.stat"), "v1_usage": usage
+                                              if os.path.exists(usage) else _v1_usage_file(mounts, memberships)})
     except Exception:  # an odd /proc or cgroupfs: the affinity alone
         best = None
     usable = affinity or host
@@ -168,6 +156,17 @@ def cpu_limit(pid: int | str = "self", root: str = "/", affinity_cores: int | No
     return CpuLimit(host_cores=host, affinity_cores=affinity, quota_cores=best[0] if best else None,
                     usable_cores=max(1, usable), cgroup_version=best[1] if best else None,
                     quota_dir=best[2] if best else None, usage_files=best[3] if best else {})
+
+
+def _hierarchy_dirs(mounts, path: str, fstype: str, controller: str | None = None):
+    """The process's cgroup directory and its ancestors up to the mount point, in every mount of
+    `fstype` (for v1, only the mounts holding `controller`): where a quota may be set."""
+    for point, mount_root, mount_fstype, options in mounts:
+        if mount_fstype != fstype or (controller is not None and controller not in options):
+            continue
+        directory = _cgroup_dir(point, mount_root, path)
+        if directory is not None:
+            yield from _chain(directory, point)
 
 
 def _v1_usage_file(mounts, memberships) -> str | None:
