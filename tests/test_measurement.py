@@ -10,21 +10,8 @@ from torch.utils.data import DataLoader, Dataset
 
 import starvewatch
 from starvewatch.hooks import cuda
+from tests.datasets import SleepyDataset
 from tests.conftest import shipped_column, shipped_steps
-
-
-class SleepyDataset(Dataset):
-    """Each item sleeps: a batch of `batch` items costs about batch x item_s to load."""
-
-    def __init__(self, n, item_s):
-        self.n, self.item_s = n, item_s
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        time.sleep(self.item_s)
-        return torch.tensor([float(i)])
 
 
 @pytest.mark.parametrize("load_ms,compute_ms,workers", [

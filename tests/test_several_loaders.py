@@ -4,28 +4,14 @@ import threading
 import time
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 import starvewatch
 from starvewatch.hooks.delivery.overlap import Lanes
 from starvewatch.hooks.delivery.records import columns, settle
 from starvewatch.hooks.session import current_session
+from tests.datasets import SleepyDataset
 from tests.conftest import shipped_column, wait_until
-
-
-class SleepyDataset(Dataset):
-    """Each item sleeps: a batch of `batch` items costs about batch x item_s to load."""
-
-    def __init__(self, n, item_s):
-        self.n, self.item_s = n, item_s
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        time.sleep(self.item_s)
-        return torch.tensor([float(i)])
 
 
 def loader(batches, load_ms, workers=0):
