@@ -72,7 +72,7 @@ class WatchedIterator:
                  "_step_used", "_in_step", "_phases", "_bs", "_first", "_probe_bs", "_startup",
                  "_parents", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
                  "_cpu_probe", "_times", "_segment", "_reads_left", "_last_segment", "_t_wait",
-                 "_spans", "_active", "_thread_id", "__weakref__")
+                 "_spans", "_active", "__weakref__")
 
     # What a segment's clock reads are kept in: a list (the Python core) or the compiled core's
     # _ccore.Times (int64 reads, ints made when the shipper reads them); hooks/core.py sets it.
@@ -112,7 +112,6 @@ class WatchedIterator:
         self._reads_left = 0  # how long that list may grow: the buffer's room, in clock reads
         self._last_segment = None  # the one before, until the shipper has taken all of it
         self._t_wait = 0  # when the general path's next() began, while it runs (else 0)
-        self._thread_id = get_ident()  # a notebook closes steps only of the cells' thread
         active = self._active = ACTIVE.stack()  # this thread's: _end may run on another one
         # The innermost steps open on this thread (one loader's, or those of loaders advanced
         # together), down to the ones they are nested in: an epoch that ends inside them is

@@ -225,7 +225,7 @@ class Session:
         the user reading, not compute. The epoch itself goes on."""
         now = end_ns
         for it in list(self.live_iterators):
-            if it._thread_id != thread_id or it._ended:
+            if it._key[2] != thread_id or it._ended:  # the key's lane: the thread taking its batches
                 continue
             if it._segment is not None:
                 it._leave_fast()
