@@ -25,6 +25,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.procfs import status_kib  # noqa: E402
+
 BATCH = 20_000
 RUN_ID = "export-bench"
 
@@ -48,16 +52,6 @@ def build_database(directory: Path, steps: int) -> None:
                       "wait_ns": [100_000 + i % 977 for i in range(n)], "compute_ns": [900_000 + i % 1013 for i in range(n)],
                       "other_ns": [0] * n, "batch_size": [64] * n, "gpu_idle_ns": [None] * n}}))
     store.close()
-
-
-def memory_kib(pid: int) -> dict[str, int]:
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            out[key] = int(value.split()[0])
-    return out
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -88,13 +82,13 @@ def streamed_export(directory: Path, steps: int) -> dict:
         wait_healthy(url, proc)
         with urllib.request.urlopen(f"{url}/api/v1/runs/{RUN_ID}/summary", timeout=120) as resp:
             resp.read()  # warm: the run's summary and caches, as a user's first look would
-        before = memory_kib(proc.pid)
+        before = status_kib(proc.pid)
         peak = {"rss": before["VmRSS"]}
         stop = threading.Event()
 
         def sample():
             while not stop.is_set():
-                peak["rss"] = max(peak["rss"], memory_kib(proc.pid)["VmRSS"])
+                peak["rss"] = max(peak["rss"], status_kib(proc.pid)["VmRSS"])
                 time.sleep(0.005)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -110,7 +104,7 @@ def streamed_export(directory: Path, steps: int) -> dict:
         seconds = time.perf_counter() - started
         stop.set()
         sampler.join()
-        after = memory_kib(proc.pid)
+        after = status_kib(proc.pid)
         assert lines == steps + 1, (lines, steps)
         assert head.startswith(b"run,rank,loader,epoch,step,"), head[:80]
         return {"csv_bytes": size, "csv_lines": lines, "seconds": round(seconds, 2),
@@ -125,16 +119,17 @@ def streamed_export(directory: Path, steps: int) -> dict:
 
 
 WHOLE_FILE = r"""
-import json, resource, sys
+import json, sys
+from benchmarks.procfs import status_kib
 from starvewatch.monitor.export import export_text
 from starvewatch.monitor.sources import LocalSource
 from starvewatch.monitor.store import Store
 store = Store(sys.argv[1])
 source = LocalSource(store, "bench")
 source.summary(sys.argv[2])
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = status_kib()["VmHWM"]
 text = export_text(source, sys.argv[2], "csv")
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = status_kib()["VmHWM"]
 print(json.dumps({"csv_chars": len(text), "rss_peak_before_mib": round(before / 1024, 1),
                   "rss_peak_after_mib": round(after / 1024, 1), "rss_growth_mib": round((after - before) / 1024, 1)}))
 """
@@ -142,7 +137,7 @@ print(json.dumps({"csv_chars": len(text), "rss_peak_before_mib": round(before / 
 
 def whole_file_export(directory: Path) -> dict:
     out = subprocess.run([sys.executable, "-c", WHOLE_FILE, str(directory / "starvewatch.db"), RUN_ID],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, cwd=ROOT)  # cwd: benchmarks.procfs
     return json.loads(out.stdout)
 
 

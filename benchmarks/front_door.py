@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.procfs import peak_rss_bytes  # noqa: E402
 from benchmarks.results_io import RESULTS, started  # noqa: E402
 
 TOKEN = "front-door-benchmark-token-0123"
@@ -37,15 +38,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def peak_rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM")
-
 
 def request(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
             token: str | None = TOKEN) -> int:

@@ -158,6 +158,14 @@ def collector(isolated_starvewatch):
             c.log.close()
 
 
+@pytest.fixture
+def browser():
+    """A real headless Chromium (tests/browser.py), closed when the test ends."""
+    from tests.browser import chromium
+    with chromium() as b:
+        yield b
+
+
 # ---- both hot-path cores (issue 29) ----------------------------------------------------------
 # These files exercise the per-batch path (segments, rotation, step() switching, the CUDA
 # stand-in): each of their tests runs once per core, the compiled one where it is built (a

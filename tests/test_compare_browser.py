@@ -7,23 +7,13 @@ import subprocess
 import sys
 
 import pytest
-from playwright.sync_api import sync_playwright
 
 from starvewatch.monitor.query import Query
 from starvewatch.monitor.store import Store
+from tests.browser import page_with_errors
 from tests.test_compare import HOSTILE, _batch
 
-CHROMIUM = "/usr/bin/chromium"
 RAW_JSON = re.compile(r"""[{\[]\s*["']|["']\s*:\s""")
-
-
-@pytest.fixture
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"])
-        yield b
-        b.close()
 
 
 @pytest.fixture
@@ -37,14 +27,6 @@ def stored_pair(isolated_starvewatch):
     return rec
 
 
-def _page(browser):
-    page = browser.new_page(viewport={"width": 1300, "height": 1400})
-    errors = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    return page, errors
-
-
 def _traces(page, graph_id: str) -> list[dict]:
     return page.evaluate(f"""() => document.querySelector('#{graph_id} .js-plotly-plot').data
         .map(t => ({{name: t.name, x: Array.from(t.x || []), y: Array.from(t.y || []), symbol: t.marker?.symbol}}))""")
@@ -53,7 +35,7 @@ def _traces(page, graph_id: str) -> list[dict]:
 def test_compare_page_draws_both_runs_and_the_verdict(collector, browser, stored_pair):
     rec = stored_pair
     c = collector()
-    page, errors = _page(browser)
+    page, errors = page_with_errors(browser, height=1400)
     page.goto(f"{c.url}/compare?a=before&b=after")
     page.wait_for_selector("#compare-table")
     assert "(each run's only loader)" in page.inner_text("#compare-result")
@@ -105,7 +87,7 @@ def test_compare_report_opens_offline_with_its_charts(collector, browser, stored
                           "-o", str(report)], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, STARVEWATCH_URL=c.url))
     assert out.returncode == 0, out.stderr
-    page, errors = _page(browser)
+    page, errors = page_with_errors(browser, height=1400)
     requests = []
     page.on("request", lambda r: requests.append(r.url))
     page.goto(report.as_uri())

@@ -5,11 +5,7 @@ import os
 import subprocess
 import sys
 
-import pytest
-from playwright.sync_api import sync_playwright
-
-
-CHROMIUM = "/usr/bin/chromium"
+from tests.browser import page_with_errors
 
 TRAINING = r"""
 import os, sys, time, torch, starvewatch
@@ -32,24 +28,6 @@ starvewatch.finish()
 """
 
 
-@pytest.fixture
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-            "--no-first-run", "--disable-component-update", "--disable-sync"])
-        yield b
-        b.close()
-
-
-def _page(browser):
-    page = browser.new_page(viewport={"width": 1300, "height": 1600}, accept_downloads=True)
-    errors = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    return page, errors
-
-
 def test_live_run_page_updates_recommends_and_exports(collector, browser, tmp_path):
     c = collector()
     stop = tmp_path / "stop"
@@ -57,7 +35,7 @@ def test_live_run_page_updates_recommends_and_exports(collector, browser, tmp_pa
     proc = subprocess.Popen([sys.executable, "-c", TRAINING, str(stop)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        page, errors = _page(browser)
+        page, errors = page_with_errors(browser, height=1600, accept_downloads=True)
         page.goto(c.url + "/")
         page.wait_for_selector("#runs-table >> text=browser-live", timeout=30_000)
         page.click("#runs-table >> text=browser-live")
@@ -96,7 +74,7 @@ def test_exported_html_report_opens_offline_with_its_charts(collector, browser, 
     out = subprocess.run([sys.executable, "-m", "starvewatch", "export", run_id, "-f", "html", "-o", str(report)],
                          capture_output=True, text=True, timeout=120, env=dict(os.environ, STARVEWATCH_URL=c.url))
     assert out.returncode == 0, out.stderr
-    page, errors = _page(browser)
+    page, errors = page_with_errors(browser, height=1600, accept_downloads=True)
     requests = []
     page.on("request", lambda r: requests.append(r.url))
     page.goto(report.as_uri())
@@ -109,7 +87,7 @@ def test_exported_html_report_opens_offline_with_its_charts(collector, browser, 
 
 def test_dashboard_is_behind_the_token(collector, browser):
     c = collector(token="tok-123")
-    page, errors = _page(browser)
+    page, errors = page_with_errors(browser, height=1600, accept_downloads=True)
     response = page.goto(c.url + "/")
     assert response.status == 401
     page.goto(c.url + "/?token=tok-123")  # logs in once: a cookie from then on
@@ -278,7 +256,7 @@ def test_run_page_polls_only_while_visible_and_shows_dropped_records(collector, 
             "delivery": {"acknowledged": 1, "spooled": 0, "dropped": {"spool_full": 7}}}
     assert c.request("POST", "/api/v1/ingest", json.dumps(body).encode(),
                      {"Content-Type": "application/json"})[0] == 200
-    page, errors = _page(browser)
+    page, errors = page_with_errors(browser, height=1600, accept_downloads=True)
     page.add_init_script(VISIBILITY_SWITCH)
     updates = []
     page.on("request", lambda r: updates.append(time.monotonic()) if "_dash-update-component" in r.url else None)

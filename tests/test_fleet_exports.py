@@ -139,27 +139,18 @@ def test_serve_tensorboard_writes_per_run_scalars(collector, tmp_path):
     assert rank1.step == 200 and abs(rank1.value - 20 / 28) < 1e-6  # one x axis: the run's steps
 
 
-def test_the_run_page_marks_the_straggling_rank_in_a_browser(collector):
-    from playwright.sync_api import sync_playwright
-
-    from .test_dashboard_browser import CHROMIUM
+def test_the_run_page_marks_the_straggling_rank_in_a_browser(collector, browser):
     c = collector()
     _two_ranks_and_a_stall(c)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu",
-                                                                     "--disable-background-networking"])
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1600})
-            errors = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(c.url + "/runs/fleet-run")
-            row = page.locator("#rank-row-1")
-            row.wait_for(timeout=30_000)
-            assert row.get_attribute("class") == "sw-straggler"
-            assert "input straggler" in row.inner_text()
-            assert page.locator("#rank-row-0").get_attribute("class") is None
-            assert "input straggler" not in page.locator("#rank-row-0").inner_text()
-            assert "Rank 1 (train): critical input straggler" in page.locator("#ranks-panel").inner_text()
-            assert errors == []
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1300, "height": 1600})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(c.url + "/runs/fleet-run")
+    row = page.locator("#rank-row-1")
+    row.wait_for(timeout=30_000)
+    assert row.get_attribute("class") == "sw-straggler"
+    assert "input straggler" in row.inner_text()
+    assert page.locator("#rank-row-0").get_attribute("class") is None
+    assert "input straggler" not in page.locator("#rank-row-0").inner_text()
+    assert "Rank 1 (train): critical input straggler" in page.locator("#ranks-panel").inner_text()
+    assert errors == []

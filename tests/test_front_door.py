@@ -9,19 +9,10 @@ import time
 
 import pytest
 
+from benchmarks.procfs import peak_rss_bytes
 from tests.conftest import Collector, wait_until
 
 TOKEN = "front-door-token-0123456789"
-
-
-def rss_peak_bytes(pid: int) -> int:
-    """The process's peak resident memory (VmHWM): a spike between two readings counts too."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM in /proc")
-
 
 def closed_after(sock: socket.socket, limit_s: float) -> float:
     """Seconds until the server closes `sock` (reads and drops whatever it answers first)."""
@@ -48,7 +39,7 @@ def strict_collector(collector):
 def test_unfinished_giant_headers_from_8_connections_cost_little_memory_and_no_token(collector):
     c = collector(token=TOKEN)
     healthy_with_token(c)
-    before = rss_peak_bytes(c.proc.pid)
+    before = peak_rss_bytes(c.proc.pid)
     sent = [0] * 8
     closed_by_server = [False] * 8
 
@@ -70,7 +61,7 @@ def test_unfinished_giant_headers_from_8_connections_cost_little_memory_and_no_t
     served_meanwhile = healthy_with_token(c)  # a normal client, while the attack is under way
     for t in threads:
         t.join(120)
-    grown = rss_peak_bytes(c.proc.pid) - before
+    grown = peak_rss_bytes(c.proc.pid) - before
     assert served_meanwhile
     assert all(closed_by_server), (closed_by_server, sent)  # cut off, not read to the end
     assert max(sent) < 32 * 2**20

@@ -14,7 +14,6 @@ from markdown_it import MarkdownIt
 import starvewatch
 from starvewatch.ids import clean_name, safe_name
 from starvewatch.monitor.export import csv_cell
-from tests.test_dashboard_browser import CHROMIUM, browser  # noqa: F401 (a fixture)
 from tests.test_security import JSON, call
 
 EVIL = "https://evil.example"

@@ -99,26 +99,19 @@ def test_the_api_refuses_hostile_ids_and_names_and_escapes_html(collector):
     assert rows[1].startswith(f"{run_id},0,{HTML_NAME},0,0,1,")  # csv quotes only , " and newlines
 
 
-def test_the_dashboard_shows_hostile_names_as_text(collector):
-    from playwright.sync_api import sync_playwright
+def test_the_dashboard_shows_hostile_names_as_text(collector, browser):
     c = collector()
     run_id = "html-run"
     status, _ = c.request("POST", "/api/v1/ingest", batch(run_id, name=HTML_NAME, loader=HTML_NAME),
                           {"Content-Type": "application/json"})
     assert status == 200
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"])
-        try:
-            page = browser.new_page()
-            page.goto(f"{c.url}/")
-            page.wait_for_selector("#runs-table", timeout=30_000)
-            assert page.inner_text("#runs-table").count(HTML_NAME) == 1
-            page.goto(f"{c.url}/runs/{run_id}")
-            page.wait_for_function("document.querySelector('#run-title h2') !== null", timeout=30_000)
-            assert page.inner_text("#run-title h2").startswith(HTML_NAME)
-            assert HTML_NAME in page.inner_text("#config-table")
-            assert page.evaluate("window.pwned") is None
-            assert page.evaluate("document.querySelectorAll('#page img, #page script').length") == 0
-        finally:
-            browser.close()
+    page = browser.new_page()
+    page.goto(f"{c.url}/")
+    page.wait_for_selector("#runs-table", timeout=30_000)
+    assert page.inner_text("#runs-table").count(HTML_NAME) == 1
+    page.goto(f"{c.url}/runs/{run_id}")
+    page.wait_for_function("document.querySelector('#run-title h2') !== null", timeout=30_000)
+    assert page.inner_text("#run-title h2").startswith(HTML_NAME)
+    assert HTML_NAME in page.inner_text("#config-table")
+    assert page.evaluate("window.pwned") is None
+    assert page.evaluate("document.querySelectorAll('#page img, #page script').length") == 0

@@ -8,12 +8,9 @@ import threading
 import urllib.request
 
 import pytest
-from playwright.sync_api import sync_playwright
 
 from starvewatch.hooks.notebook import run_page_html
 from tests.conftest import Collector, free_port, wait_until
-
-CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture
@@ -52,7 +49,7 @@ def _frame_title(page, frame_url: str) -> str | None:
     return None
 
 
-def test_inline_frame_shows_the_run_page_once_the_collector_answers(notebook_page_server, isolated_starvewatch):
+def test_inline_frame_shows_the_run_page_once_the_collector_answers(notebook_page_server, isolated_starvewatch, browser):
     page_port, pages = notebook_page_server
     port = free_port()
     run_url = f"http://127.0.0.1:{port}/runs/nb-run-1"
@@ -60,28 +57,22 @@ def test_inline_frame_shows_the_run_page_once_the_collector_answers(notebook_pag
     # The output a cell shows, plus a frame of a page that is not a run page.
     pages["/nb"] = (f"<html><body>{run_page_html(run_url)}"
                     f'<iframe id="home" src="{home_url}"></iframe></body></html>')
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"])
-        try:
-            page = browser.new_page()
-            page.goto(f"http://localhost:{page_port}/nb")
-            # Nothing listens yet (an auto-started collector takes seconds): no run page.
-            assert _frame_title(page, run_url) is None
-            collector = Collector(isolated_starvewatch, port=port).start()
-            try:
-                wait_until(lambda: _frame_title(page, run_url) == "starvewatch", timeout_s=30,
-                           what="the inline frame showing the run page")
-                # Now with the collector up from the start; "load" waits for every frame's load.
-                page.reload(wait_until="load")
-                wait_until(lambda: _frame_title(page, run_url) == "starvewatch", timeout_s=30,
-                           what="the run page framed")
-                # Other pages still refuse to be framed: the browser shows its error page.
-                assert [f.url for f in page.frames if f.url == home_url] == []
-            finally:
-                collector.stop()
-        finally:
-            browser.close()
+    page = browser.new_page()
+    page.goto(f"http://localhost:{page_port}/nb")
+    # Nothing listens yet (an auto-started collector takes seconds): no run page.
+    assert _frame_title(page, run_url) is None
+    collector = Collector(isolated_starvewatch, port=port).start()
+    try:
+        wait_until(lambda: _frame_title(page, run_url) == "starvewatch", timeout_s=30,
+                   what="the inline frame showing the run page")
+        # Now with the collector up from the start; "load" waits for every frame's load.
+        page.reload(wait_until="load")
+        wait_until(lambda: _frame_title(page, run_url) == "starvewatch", timeout_s=30,
+                   what="the run page framed")
+        # Other pages still refuse to be framed: the browser shows its error page.
+        assert [f.url for f in page.frames if f.url == home_url] == []
+    finally:
+        collector.stop()
 
 
 def test_only_run_pages_may_be_framed_and_by_whom(collector, monkeypatch):

@@ -7,16 +7,7 @@ from starvewatch.dashboard import callbacks, views
 from starvewatch.monitor.query import Query
 from starvewatch.monitor.store import Store
 from tests.many_runs import seed_runs
-
-
-def _text(component) -> str:
-    if component is None:
-        return ""
-    if isinstance(component, (str, int, float)):
-        return str(component)
-    if isinstance(component, (list, tuple)):
-        return " ".join(_text(c) for c in component)
-    return _text(getattr(component, "children", None))
+from tests.test_dashboard_views import _text
 
 
 def _rows(table) -> list:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import time
 
-import pytest
 import torch
 from torch.utils.data import default_collate
 
 import starvewatch
 from starvewatch.monitor.export import to_markdown
+from tests.test_loaders import shards  # noqa: F401 (a fixture: 4 webdataset shards of 16 samples)
 
 N = 64
 BATCH = 2
@@ -48,18 +48,6 @@ def nodes_loader(workers: int):
                                 num_workers=workers, method="thread")
     return nodes.Loader(nodes.Mapper(nodes.Batcher(node, batch_size=BATCH), default_collate))
 
-
-@pytest.fixture
-def shards(tmp_path) -> list[str]:
-    import webdataset as wds
-    urls = []
-    for shard in range(4):
-        path = tmp_path / f"shard-{shard}.tar"
-        with wds.TarWriter(str(path)) as sink:
-            for i in range(16):
-                sink.write({"__key__": f"{shard * 16 + i:05d}", "cls": shard * 16 + i})
-        urls.append(str(path))
-    return urls
 
 
 def test_a_starved_plain_iterable_is_still_told_to_use_a_dataloader():
