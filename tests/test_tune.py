@@ -339,3 +339,49 @@ def test_a_high_draw_for_the_best_is_measured_again_and_no_longer_sets_the_targe
 def answer_table(trial) -> str:
     from starvewatch.tuning.answer import table
     return table([trial], trial)
+
+
+def _started_workers():
+    """A DataLoader iterator whose two workers are up, their pids registered with torch's
+    SIGCHLD check, as a trial's is when its time ends while the iterator is being built."""
+    it = iter(DataLoader(Sleepy(item_ms=1), batch_size=4, num_workers=2))
+    next(it)
+    return it, [w.pid for w in it._workers]
+
+
+def _zombie(pid) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_kill_the_sigchld_check_sees_raises_in_the_training_thread():
+    """The failure the trial's kill avoids, shown: killed, not reaped, then SIGCHLD handled."""
+    import signal
+
+    from tests.conftest import wait_until
+    it, pids = _started_workers()
+    try:
+        with pytest.raises(RuntimeError, match="killed by signal"):  # as the SIGCHLD comes, or below
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: all(_zombie(pid) for pid in pids), timeout_s=10, what="the killed workers exiting")
+            signal.raise_signal(signal.SIGCHLD)
+    finally:
+        it._shutdown_workers()
+
+
+def test_the_trial_kills_workers_of_an_iterator_it_never_saw_without_an_error():
+    import signal
+
+    from starvewatch.tuning.trial import _kill_and_reap
+    it, pids = _started_workers()
+    try:
+        handler = signal.getsignal(signal.SIGCHLD)
+        assert _kill_and_reap(pids) == 2
+        assert signal.getsignal(signal.SIGCHLD) is handler  # torch's check is back in place
+        assert not any(psutil.pid_exists(pid) for pid in pids)  # gone, and reaped: no zombie left
+        signal.raise_signal(signal.SIGCHLD)  # torch's check, now: nothing to complain about
+    finally:
+        it._shutdown_workers()

@@ -446,17 +446,62 @@ def _reap(procs: _Processes, grace_s: float = 1.0) -> int:
     deadline = time.perf_counter() + grace_s
     while procs.alive() and time.perf_counter() < deadline:
         time.sleep(0.02)
-    killed = 0
+    ours = []
     for proc in procs.alive():
         try:
             if proc.ppid() == os.getpid():  # only our own children
-                os.kill(proc.pid, signal.SIGKILL)
-                killed += 1
-        except (OSError, procs.psutil.Error):
+                ours.append(proc.pid)
+        except procs.psutil.Error:
             pass
+    killed = _kill_and_reap(ours) if ours else 0
     for pid in procs.seen:
         try:
             os.waitpid(pid, os.WNOHANG)
         except OSError:
             pass
     return killed
+
+
+def _kill_and_reap(pids: list[int], reap_s: float = 2.0) -> int:
+    """SIGKILL `pids` and reap them before torch's SIGCHLD handler can look. That handler checks
+    every worker pid a live iterator registered (with WNOWAIT) and raises "DataLoader worker ...
+    is killed by signal: Killed" in the main thread: a worker whose iterator was still being
+    built when the trial ended is registered under an iterator the trial never saw, so its pids
+    cannot be forgotten first. A reaped child is no longer waitable, so the check finds nothing;
+    in the main thread the handler is also held off (a no-op in its place) until the reaping is
+    done, since it could otherwise run between the kill and the reap."""
+    held = threading.current_thread() is threading.main_thread()
+    previous = None
+    if held:
+        try:
+            previous = signal.signal(signal.SIGCHLD, _ignore_signal)
+        except (ValueError, OSError):
+            held = False
+    killed = 0
+    try:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        deadline = time.perf_counter() + reap_s
+        pending = set(pids)
+        while pending and time.perf_counter() < deadline:
+            for pid in list(pending):
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:  # reaped already (multiprocessing, or never ours)
+                    done = pid
+                if done:
+                    pending.discard(pid)
+            if pending:
+                time.sleep(0.005)
+    finally:
+        if held:
+            signal.signal(signal.SIGCHLD, previous if previous is not None else signal.SIG_DFL)
+    return killed
+
+
+def _ignore_signal(signum, frame) -> None:
+    pass
