@@ -120,7 +120,7 @@ def test_input_thresholds_are_shares_of_the_step_time(excess_ms, expected):
     waits = [5.0, 5.0, 5.0 + excess_ms, 6.0]
     computes = [95.0, 95.0, 95.0 - excess_ms, 94.0]
     verdict = judge_window("train", 0, 0, _window(waits, computes, marked=False))
-    result = find_stragglers([verdict])
+    result = find_stragglers([verdict] * 2)
     named = [(s["rank"], s["kind"], s["severity"]) for s in result["stragglers"]]
     assert named == ([] if expected is None else [(2, "input", expected)])
 
@@ -129,14 +129,14 @@ def test_unmarked_compute_is_not_judged_and_marked_compute_is():
     # Rank 1 computes 30 ms longer before the collective; rank 0 waits for it in the collective.
     unmarked = judge_window("train", 0, 0, _window([2, 2], [100, 100], marked=False))
     assert unmarked.excess[1][1] is None
-    assert find_stragglers([unmarked])["stragglers"] == []
+    assert find_stragglers([unmarked] * 2)["stragglers"] == []
     marked = judge_window("train", 0, 0, _window([2, 2], [70, 100], [30, 0]))
-    assert [(s["rank"], s["kind"], s["severity"]) for s in find_stragglers([marked])["stragglers"]] == \
+    assert [(s["rank"], s["kind"], s["severity"]) for s in find_stragglers([marked] * 2)["stragglers"]] == \
         [(1, "compute", "critical")]
     # step() around a DDP backward: the collective is inside the marked compute. Rank 1's loading
     # is slow; rank 0 waits for it inside its "compute". Only rank 1 is named, for its input.
     inside = judge_window("train", 0, 0, _window([2, 32], [100, 70], [1, 1]))
-    assert [(s["rank"], s["kind"]) for s in find_stragglers([inside])["stragglers"]] == [(1, "input")]
+    assert [(s["rank"], s["kind"]) for s in find_stragglers([inside] * 2)["stragglers"]] == [(1, "input")]
 
 
 def test_one_noisy_window_names_no_one_and_partial_windows_wait():
@@ -153,16 +153,27 @@ def test_one_noisy_window_names_no_one_and_partial_windows_wait():
 def test_a_forward_phase_is_the_compute_before_the_collective():
     # Unmarked steps (other = 0) whose compute holds the all-reduce: equal on both ranks. The
     # forward phases (a framework callback's) show rank 1 computing 30 ms longer before it.
-    rows = [("train", 0, 0, 0, 20, 20 * 2_000_000, 20 * 98_000_000, 0, 0),
-            ("train", 0, 0, 1, 20, 20 * 2_000_000, 20 * 98_000_000, 0, 0)]
-    forward = [("train", 0, 0, 0, 20, 20 * 10_000_000), ("train", 0, 0, 1, 20, 20 * 40_000_000)]
+    windows = range(2)
+    rows = [("train", 0, w, rank, 20, 20 * 2_000_000, 20 * 98_000_000, 0, 0) for w in windows for rank in (0, 1)]
+    forward = [("train", 0, w, rank, 20, 20 * forward_ms * 1_000_000)
+               for w in windows for rank, forward_ms in ((0, 10), (1, 40))]
     assert find_stragglers(windows_from_rows(rows))["stragglers"] == []
     found = find_stragglers(windows_from_rows(rows, forward_rows=forward))
     assert [(s["rank"], s["kind"], s["severity"], s["excess_fraction"]) for s in found["stragglers"]] == \
         [(1, "compute", "critical", 0.3)]
     # Forward phases on only a few of one rank's steps: not enough to judge.
-    assert find_stragglers(windows_from_rows(rows, forward_rows=forward[:1] + [
-        ("train", 0, 0, 1, 5, 5 * 40_000_000)]))["stragglers"] == []
+    assert find_stragglers(windows_from_rows(rows, forward_rows=[
+        f if f[3] == 0 else f[:4] + (5, 5 * 40_000_000) for f in forward]))["stragglers"] == []
+
+
+def test_a_run_too_short_to_judge_names_no_one():
+    slow_rank_1 = _window([2, 40], [50, 12], marked=False)
+    one = [judge_window("train", 0, 0, slow_rank_1)]
+    assert find_stragglers(one)["stragglers"] == []
+    assert find_stragglers(one + [judge_window("train", 0, 1, slow_rank_1)])["stragglers"][0]["rank"] == 1
+    # An epoch's last steps, as a window of their own: 2 steps on every rank are not judged.
+    assert judge_window("train", 0, 7, _window([2, 40], [50, 12], steps=2, marked=False)) is None
+    assert judge_window("train", 0, 7, _window([2, 40], [50, 12], steps=5, marked=False)) is not None
 
 
 def test_a_long_run_is_judged_on_each_ranks_recent_steps(tmp_path):

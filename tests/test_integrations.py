@@ -193,13 +193,13 @@ def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed
         assert loaders["train"]["config"]["sampler"] == "DistributedSampler"
         assert loaders["val"]["config"]["sampler"] == "DistributedSampler"
     found = c.get(f"/api/v1/runs/{run[0]['id']}/stragglers")
-    assert found["compute_measured"] == {"train": True, "val": False}  # no forward phase in validation
+    # Validation's windows (2 steps a rank per epoch, a few ms each) are too short to judge a rank
+    # by: one preemption there is 10% of its step. Train's forward phase measures its compute.
+    assert found["compute_measured"] == {"train": True}
     # Only the slowness the program put in is named. With 4 x 2 ms sleeps to load a batch, a
     # loaded machine overran them unevenly: rank 0 named an input straggler on train, rank 1 on
     # validation (10.1% of a 127 ms step), true of those runs but not what this program controls.
-    # Validation (2 unslowed steps a rank per epoch, a few ms each) stays out of the comparison:
-    # one preemption there is 10% of its step.
-    named = [(s["rank"], s["kind"], s["loader"]) for s in found["stragglers"] if s["loader"] == "train"]
+    named = [(s["rank"], s["kind"], s["loader"]) for s in found["stragglers"]]
     assert named == [(1, "compute", "train")], found
 
 

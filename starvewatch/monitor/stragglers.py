@@ -18,7 +18,8 @@ every rank):
 
 "The median rank" with an even number of ranks is the lower median (with two ranks: the faster
 one), so the reference is always a real rank's measurement. A rank is named when the median of
-its per-window excess over the windows crosses a threshold: one noisy window names no one.
+its per-window excess over the windows crosses a threshold: one noisy window names no one, and
+neither does a run with a single judged window, or a window of a few steps.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ class StragglerThresholds:
     window_steps: int = 20           # aligned step indices per window
     min_window_fill: float = 0.9     # a window counts once every rank has this share of its steps
     marked_share: float = 0.9        # share of a window's steps with `other_ns` > 0: step() marks them
+    min_window_steps: int = 5        # steps a window needs on every rank to be judged (not an epoch's last 2)
+    min_windows: int = 2             # judged windows before a rank can be named
 
 
 DEFAULT = StragglerThresholds()
@@ -86,6 +89,8 @@ def judge_window(loader: str, epoch: int, window: int, per_rank: dict[int, Windo
     most = max(s.steps for s in per_rank.values())
     if most == 0 or any(s.steps < t.min_window_fill * most for s in per_rank.values()):
         return None  # a live run: some rank has not shipped this window yet
+    if most < min(t.min_window_steps, t.window_steps):
+        return None  # a few steps (an epoch's last ones) are too few to judge a rank by
     wait = {r: s.wait_ns / s.steps for r, s in per_rank.items()}
     compute = {r: s.compute_ns / s.steps for r, s in per_rank.items()}
     step = {r: (s.wait_ns + s.compute_ns + s.other_ns) / s.steps for r, s in per_rank.items()}
@@ -135,8 +140,8 @@ def find_stragglers(windows: list[WindowVerdict], t: StragglerThresholds = DEFAU
     for (loader, rank, kind), values in by_key.items():
         typical = _median(values)
         level = severity(typical, t)
-        if level is None:
-            continue
+        if level is None or len(values) < t.min_windows:
+            continue  # a run too short to tell a slow rank from a noisy moment names no one
         step_ms = _median([w.step_ms for w in windows if w.loader == loader])
         found.append({"rank": rank, "kind": kind, "severity": level, "loader": loader,
                       "excess_fraction": round(typical, 4), "excess_ms": round(typical * step_ms, 3),
