@@ -35,7 +35,7 @@ def worker_snapshot(t_s: int, i: int, rank: int, workers: int = 4) -> dict:
 
 
 def sample_batch(rank: int, seq: int, start_s: int, seconds: int, every_s: int, run_id: str = "run-a",
-                 steps: bool = True, status: str = "live", cores: int = 8) -> dict:
+                 steps: bool = True, status: str = "live", cores: int = 8, stream: str | None = None) -> dict:
     """One rank's batch covering [start_s, start_s + seconds): a sample of each kind and a step
     every `every_s` seconds (steps input-bound: 20 ms wait against 8 ms compute)."""
     times = list(range(start_s, start_s + seconds, every_s))
@@ -43,7 +43,7 @@ def sample_batch(rank: int, seq: int, start_s: int, seconds: int, every_s: int, 
     n = len(times) if steps else 0
     step0 = first
     return {
-        "schema": "starvewatch.events/1", "run_id": run_id, "rank": rank, "stream": f"host-{rank}-s", "seq": seq,
+        "schema": "starvewatch.events/1", "run_id": run_id, "rank": rank, "stream": stream or f"host-{rank}-s", "seq": seq,
         "status": status,
         "run": {"id": run_id, "name": "samples-test", "started_at": T0_S, "rank": rank, "world_size": 2},
         "loaders": [{"name": "train", "config": {"num_workers": 4, "batch_size": 32, "prefetch_factor": 2},
