@@ -12,9 +12,10 @@ diagnosis read over many samples, kept exactly and mergeable (a bucket of bucket
   GPU devices: `devices`, one `agg` per device position. Worker snapshots: `alive_workers`,
   `queue_depth` and, over every worker of every snapshot, `worker_cpu_pct`, `worker_mem_bytes`
   (USS, else RSS) and `batch_bytes`.
-- worker snapshots also keep every distinct memory reading (`mem_points`, the memory-growth
-  finding's series), the pids that died of SIGBUS, the worst shard check and the latest shard
-  hashes; the snapshot itself is the bucket's latest with workers (their counters are
+- worker snapshots also keep each worker's first and last memory reading of the bucket
+  (`mem_points`, the memory-growth finding's series: thinned, so a month of 5 s readings stays
+  bounded; the fit's line is kept, its figures may move by its noise), the pids that died of
+  SIGBUS, the worst shard check and the latest shard hashes; the snapshot itself is the bucket's latest with workers (their counters are
   cumulative: the idle-worker and snapshot-cost findings read the latest).
 
 A host or GPU bucket's own fields are the bucket's means (a field that did not vary keeps its
@@ -153,7 +154,7 @@ def worker_parts(event: dict) -> dict:
 
 def _fold_workers(members: list[dict], width_s: int) -> dict:
     aggs: dict = {}
-    points: list = []
+    readings: dict[tuple, list] = {}
     last_t: dict[tuple, int] = {}
     sigbus: list = []
     worst = hashes = None
@@ -166,13 +167,17 @@ def _fold_workers(members: list[dict], width_s: int) -> dict:
             key = (point[0], point[1])
             if point[2] > last_t.get(key, -1):
                 last_t[key] = point[2]
-                points.append(point)
+                readings.setdefault(key, []).append(point)
         sigbus += [p for p in parts["sigbus_pids"] if p not in sigbus]
         check = m.get("shard_check")
         if check and (worst is None or check["reads_per_batch"] >= worst["reads_per_batch"]):
             worst = check  # the latest of the worst, as findings.shard_findings keeps
         if m.get("shard_hashes"):
             hashes = m["shard_hashes"]
+    # A worker's first and last reading of the bucket: a month of 5 s readings would outgrow any
+    # budget; two a bucket keep the memory-growth fit's line (its span and slope), not its noise.
+    points = sorted((p for kept in readings.values() for p in (kept[:1] + kept[-1:] if len(kept) > 1 else kept)),
+                    key=lambda p: p[2])
     with_workers = [m for m in members if m.get("workers")]
     out = {k: v for k, v in (with_workers or members)[-1].items()
            if k not in ("bucket", "shard_check", "shard_hashes")}
