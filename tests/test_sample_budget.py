@@ -5,6 +5,7 @@ database opens, migrates and folds; the rank-summed rollups are coarsened with t
 Budgets of a few MB and a lowered MIN_BUCKETS keep each test to seconds."""
 import gzip
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -106,11 +107,13 @@ def test_folding_samples_keeps_the_summary_and_its_diagnosis(
         assert "Rolled-up spans" in markdown and f"{rolled[0]['events']} samples before" in markdown
 
 
-def test_the_file_stays_within_its_budget_under_sample_heavy_ingest(tmp_path, short_runs_fold, monkeypatch):
-    monkeypatch.setattr(retention, "TIER_KEEP_RECENT_S", {60: 1200, 600: 3600, 3600: 7200, 86_400: 86_400})
+def test_the_file_stays_within_its_budget_under_sample_heavy_ingest(tmp_path, short_runs_fold, caplog):
+    """The tiers' recent spans (an hour raw, a day per minute) alone would pass this budget:
+    the live run's samples are folded whole before any run would be deleted, and it says so."""
     budget = 4_000_000
     sizes = []
-    with app_client(tmp_path, max_db_bytes=budget) as client:
+    with caplog.at_level(logging.WARNING, logger="starvewatch.retention"), \
+            app_client(tmp_path, max_db_bytes=budget) as client:
         store = client.app.state.store
         sent = sample_bytes = 0
         for i in range(60):  # 60,000 simulated seconds per rank, a sample of each kind every 20 s
@@ -128,6 +131,8 @@ def test_the_file_stays_within_its_budget_under_sample_heavy_ingest(tmp_path, sh
     assert summary["system"]["host_samples"] == summary["system"]["gpu_samples"] == sent
     assert summary["loaders"][0]["steps"] == sent
     assert sum(r["events"] for r in summary["samples_rolled_up"]) > sent
+    logged = [r.getMessage() for r in caplog.records if r.name == "starvewatch.retention"]
+    assert any("run-a" in line and "recent host, GPU and worker samples folded" in line for line in logged)
 
 
 def test_a_schema_3_database_opens_migrates_and_folds_its_samples(tmp_path, short_runs_fold):

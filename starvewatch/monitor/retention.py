@@ -11,8 +11,10 @@ passes the budget, down to LOW_WATER of it:
    budget). Phases older than the window the straggler rule reads go too.
 2. per-second rollups are merged into coarser tiers (TIERS_S), oldest span first, never coarser
    than a run's length / MIN_BUCKETS: a whole run stays drawable with at least 1,000 buckets.
-3. the oldest ended runs are coarsened further (their raw window dropped), then as a last resort
-   deleted; each is logged and listed in `retention_log` (the runs page shows it as a banner).
+3. the oldest ended runs are coarsened further (their raw window dropped), then live runs'
+   samples are folded whole (their recent span too: charts coarser, figures kept), then as a
+   last resort the oldest ended runs are deleted; each is logged, a coarsened or deleted run
+   listed in `retention_log` (the runs page shows it as a banner).
 
 Which spans of a run are rolled up is kept in `rolled_spans` (per rank: every step before
 `until_s` is in the rollups only); the CSV export emits those spans as marked buckets.
@@ -140,6 +142,7 @@ class Retention:
         self.raw_window_steps = RAW_WINDOW_STEPS if raw_window_steps is None else raw_window_steps
         self.folds = 0
         self._retry_at = 0.0  # after a fold that could not get under the budget: not before this
+        self._live_folded: set[str] = set()  # runs whose recent samples were folded (said once each)
         w = store._writer
         page = w.execute("PRAGMA page_size").fetchone()[0]
         # The WAL counts against the budget: checkpoint and truncate it at 1/50 of it.
@@ -182,7 +185,8 @@ class Retention:
         target = int(self.max_bytes * LOW_WATER)
         done = {"steps": 0, "phases": 0, "rollups": 0, "samples": 0, "coarsened_runs": 0, "deleted_runs": 0}
         self.folds += 1
-        for stage in (self._fold_raw, self._coarsen_tiers, self._coarsen_ended_runs, self._delete_ended_runs):
+        for stage in (self._fold_raw, self._coarsen_tiers, self._coarsen_ended_runs, self._fold_live_samples,
+                      self._delete_ended_runs):
             while self._reclaim() > target:
                 if not stage(done, self._reclaim() - target):
                     break
@@ -483,6 +487,25 @@ class Retention:
                        f"{self.max_bytes} bytes: totals, percentiles and the verdict are kept, its straggler "
                        f"ranking is no longer computed")
             return True
+        return False
+
+    def _fold_live_samples(self, done: dict, excess_bytes: int) -> bool:
+        """Before an ended run is deleted: live runs' samples folded whole into their coarsest
+        tier, their recent span too (a host sample every 0.5 s on 64 ranks keeps an hour in
+        ~1 GB). Nothing the summary or the diagnosis reads is lost; the charts get coarser."""
+        for run_id, name in self._runs_oldest_first():
+            width = self.samples_width_s(run_id)
+            if width <= 1:
+                continue
+            folded = self.fold_samples(run_id, width, whole=True)
+            if folded:
+                done["samples"] += folded
+                if run_id not in self._live_folded:
+                    self._live_folded.add(run_id)
+                    log.warning("storage budget: run %s (%s): its recent host, GPU and worker samples folded into "
+                                "%d s buckets too, to keep the database within %d bytes", name, run_id, width,
+                                self.max_bytes)
+                return True
         return False
 
     def _whole_cut_ns(self, run_id: str, width_s: int) -> int:
