@@ -219,10 +219,14 @@ def span(w, run_id: str) -> tuple[int, int] | None:
     """The run's first and last sample second (index lookups, one per kind and end)."""
     ends = []
     for kind in KINDS:
-        lo = w.execute("SELECT min(t_ns) FROM events WHERE run_id = ? AND kind = ?", (run_id, kind)).fetchone()[0]
+        first = w.execute("SELECT t_ns, span_s FROM events WHERE run_id = ? AND kind = ? ORDER BY t_ns LIMIT 1",
+                          (run_id, kind)).fetchone()
+        if first is None:
+            continue
         hi = w.execute("SELECT max(t_ns) FROM events WHERE run_id = ? AND kind = ?", (run_id, kind)).fetchone()[0]
-        if lo is not None:
-            ends.append((lo, hi))
+        # A bucket is stored at its last sample's time: the run began no later than its bucket's start.
+        lo = first[0] - first[0] % (first[1] * 1_000_000_000) if first[1] else first[0]
+        ends.append((lo, hi))
     if not ends:
         return None
     return min(e[0] for e in ends) // 1_000_000_000, max(e[1] for e in ends) // 1_000_000_000
