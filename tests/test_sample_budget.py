@@ -14,6 +14,7 @@ import pytest
 
 from starvewatch.monitor import retention
 from starvewatch.monitor.export import to_markdown
+from starvewatch.monitor.query import Query
 from tests.conftest import wait_until
 from tests.sample_payloads import T0_S, sample_batch
 from tests.test_collector_api import SECOND, batch, post
@@ -83,6 +84,14 @@ def test_folding_samples_keeps_the_summary_and_its_diagnosis(
             answer = fresh_summary(client, f"/api/v1/runs/run-a/summary?rank={r}")
             assert [x["rank"] for x in answer.pop("samples_rolled_up")] == [r]
             assert answer == per_rank[r]
+        # Every sample before the 10-minute tier's recent span into 10-minute buckets: the same again.
+        with store._write_lock:
+            while store.retention.fold_samples("run-a", 600):
+                pass
+        again = json.loads(json.dumps(Query(store).summary("run-a")))  # a new Query: no cached answer
+        again.pop("samples_rolled_up")
+        assert again == before
+        assert event_rows(store, "kind = 'workers' AND span_s = 600") > 0
         # The memory series keeps each worker's first and last reading per bucket: the same
         # workers, readings that were sent, each worker's first and last, fewer in folded spans.
         thinned = client.get("/api/v1/runs/run-a/workers/memory").json()["series"]

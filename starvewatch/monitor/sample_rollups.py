@@ -237,11 +237,17 @@ def fold(w, run_id: str, width_s: int, cut_s: int, limit: int = MAX_EVENTS_PER_P
     and before cut_s (a multiple of width_s) merged into width_s buckets, at most `limit` rows
     read. Returns how many rows were folded (0: none left)."""
     cut_ns = cut_s * 1_000_000_000
-    rows = w.execute(
-        "SELECT rowid, rank, kind, t_ns, span_s, data FROM events WHERE run_id = ? AND kind IN ('samples', 'workers') "
-        "AND t_ns < ? AND span_s < ? ORDER BY t_ns, rowid LIMIT ?", (run_id, cut_ns, width_s, limit)).fetchall()
-    if not rows:
-        return 0
+    for kind in KINDS:
+        # One kind at a time: the index (run_id, kind, t_ns) gives the oldest rows in order, no sort.
+        rows = w.execute(
+            "SELECT rowid, rank, kind, t_ns, span_s, data FROM events WHERE run_id = ? AND kind = ? "
+            "AND t_ns < ? AND span_s < ? ORDER BY t_ns, rowid LIMIT ?", (run_id, kind, cut_ns, width_s, limit)).fetchall()
+        if rows:
+            return _fold_rows(w, run_id, width_s, rows, limit)
+    return 0
+
+
+def _fold_rows(w, run_id: str, width_s: int, rows: list, limit: int) -> int:
     width_ns = width_s * 1_000_000_000
     if len(rows) == limit:
         # The last bucket may go on past the rows read: leave it to the next pass, unless it is all there is.
