@@ -165,7 +165,8 @@ def real_path(tmp: Path, args, record: dict) -> None:
     store = Store(db, max_db_bytes=2**40)
     store.retention.raw_window_steps = 1000
     n = STEPS_PER_S * SHIP_S * 20  # 1,000 steps per batch
-    t0 = time.time_ns()
+    # On a minute boundary: the per-minute figure below must not depend on when the script runs.
+    t0 = time.time_ns() // 60_000_000_000 * 60_000_000_000
     steps = 0
     for seq in range(1, args.fold_batches + 1):
         for rank in range(args.ranks):
@@ -189,14 +190,21 @@ def real_path(tmp: Path, args, record: dict) -> None:
     done = store.retention.enforce_now()
     fold_s = time.perf_counter() - started
     with store._write_lock:
-        minute = store.retention.coarsen("fold", 60)
+        # The whole span, its last partial minute included (as for an ended run): coarsen() never
+        # cuts a bucket, so by default the seconds after the last minute boundary stay per-second
+        # rows (0 to 59 per rank, depending on the start time's place in its minute), which made
+        # this figure vary 0.15 - 0.40 bytes per step between runs.
+        last_s = store._writer.execute("SELECT max(second) FROM rollups WHERE run_id = 'fold'").fetchone()[0]
+        minute = store.retention.coarsen("fold", 60, before_s=last_s + 60)
+        minute_rows = store._writer.execute("SELECT count(*) FROM rollups WHERE run_id = 'fold'").fetchone()[0]
     store.close()
     per_minute_bytes = table_bytes(db).get("rollups", 0)
     record["fold"] = {"steps": steps, "folded_steps": done["steps"], "seconds": fold_s,
                       "steps_per_s": done["steps"] / fold_s if fold_s else None, "rollup_rows_merged": minute,
                       "bytes_per_step_raw": raw_bytes / steps,
                       "bytes_per_step_per_second_rollups": per_second_bytes / steps,
-                      "bytes_per_step_per_minute_rollups": per_minute_bytes / steps}
+                      "bytes_per_step_per_minute_rollups": per_minute_bytes / steps,
+                      "per_minute_rollup_rows": minute_rows}
     print(f"fold: {done['steps']:,} raw steps folded in {fold_s:.2f} s ({record['fold']['steps_per_s']:,.0f} steps/s); "
           f"bytes per step: raw {raw_bytes / steps:.1f}, per-second rollups {per_second_bytes / steps:.2f}, "
           f"per-minute rollups {per_minute_bytes / steps:.3f}")

@@ -174,8 +174,8 @@ def test_a_database_of_schema_1_opens_and_keeps_its_replays_out(tmp_path):
     old.commit()
     old.close()
     store = Store(path)
-    assert SCHEMA_VERSION == 3  # 2: `seen` by record range; 3: rank-summed rollups
-    assert store.reader().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"
+    assert SCHEMA_VERSION == 4  # 2: `seen` by record range; 3: rank-summed rollups; 4: folded samples
+    assert store.reader().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "4"
     # The batch stored before the upgrade, replayed whole or in parts: nothing stored again.
     old_batch = _batch("old-stream", 1, list(range(10)))
     assert store.ingest(EventBatch.model_validate(old_batch)) is False
@@ -183,4 +183,4 @@ def test_a_database_of_schema_1_opens_and_keeps_its_replays_out(tmp_path):
     assert store.ingest(EventBatch.model_validate(_batch("old-stream", 2, [10, 11]))) is True
     assert [row[3] for rows in store.step_rows("ranges") for row in rows] == [10, 11]
     store.close()
-    Store(path).close()  # opens again as version 3
+    Store(path).close()  # opens again as version 4

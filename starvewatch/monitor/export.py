@@ -158,12 +158,17 @@ def to_markdown(summary: dict) -> str:
     lines += markdown_lines(summary.get("stragglers"))
     from .tuning import markdown as tuning_markdown
     lines += tuning_markdown(summary.get("tuning"))
-    if summary.get("rolled_up"):
+    if summary.get("rolled_up") or summary.get("samples_rolled_up"):
         lines += ["", "## Rolled-up spans", "",
                   "Past the storage budget, the oldest step records were folded into rollups: totals, "
                   "percentiles and the verdict are unchanged; before these times each rank's steps are "
                   "kept as buckets, not rows.", ""]
-        lines += [f"- rank {r['rank']}: {r['steps']} steps before {r['until']}" for r in summary["rolled_up"]]
+        lines += [f"- rank {r['rank']}: {r['steps']} steps before {r['until']}" for r in summary.get("rolled_up") or ()]
+    if summary.get("samples_rolled_up"):
+        lines += ["", "Host, GPU and worker samples folded into per-bucket minima, means and maxima (the "
+                  "system figures and findings are unchanged):", ""]
+        lines += [f"- rank {r['rank']}: {r['events']} samples before {r['until']}"
+                  for r in summary["samples_rolled_up"]]
     lines += ["", "## Loader configuration", ""]
     lines += config_table_lines(summary)
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..schema import MODERATE_FRACTION
 from ..shards import compare_readers, duplicated
+from .sample_rollups import worker_parts
 
 MIN_POINTS = 4               # memory readings of one worker process before judging its growth
 MIN_GROWTH_BYTES = 8 << 20   # over the judged window: below this, noise and allocator slack
@@ -32,11 +33,10 @@ def worker_memory_series(worker_events: list[dict]) -> list[dict]:
     (`GET /api/v1/runs/{run_id}/workers/memory`). One point per memory reading."""
     series: dict[tuple, dict] = {}
     for event in worker_events:
-        for worker in event.get("workers") or []:
-            t_ns, pid = worker.get("mem_t_ns"), worker.get("pid")
-            if t_ns is None or pid is None or worker.get("uss_bytes") is None:
-                continue
-            key = (event.get("rank", 0), event.get("loader"), worker.get("id"), pid)
+        # A bucket of folded snapshots keeps every distinct reading (monitor/sample_rollups.py).
+        for worker_id, pid, t_ns, uss, pss, samples in worker_parts(event)["mem_points"]:
+            worker = {"id": worker_id, "uss_bytes": uss, "pss_bytes": pss, "samples": samples}
+            key = (event.get("rank", 0), event.get("loader"), worker_id, pid)
             entry = series.get(key)
             if entry is None:
                 entry = series[key] = {"loader": event.get("loader"), "rank": key[0],
@@ -140,10 +140,10 @@ def shm_findings(worker_events: list[dict], configs: dict[str, dict | None],
         return []
     batch_bytes: dict[str, int] = {}
     for event in worker_events:
-        for worker in event.get("workers") or []:
-            if worker.get("batch_bytes"):
-                name = event.get("loader")
-                batch_bytes[name] = max(batch_bytes.get(name, 0), int(worker["batch_bytes"]))
+        part = worker_parts(event)["agg"].get("batch_bytes")
+        if part is not None:
+            name = event.get("loader")
+            batch_bytes[name] = max(batch_bytes.get(name, 0), int(part[3]))
     findings = []
     for loader, per_batch in batch_bytes.items():
         config = configs.get(loader) or {}
@@ -186,9 +186,8 @@ def sigbus_findings(worker_events: list[dict], configs: dict[str, dict | None],
     torch, /dev/shm ran out. The fix: the settings that fit, from the shm estimate."""
     dead: dict[str, set] = {}
     for event in worker_events:
-        for worker in event.get("workers") or []:
-            if worker.get("exit_signal") == "SIGBUS":
-                dead.setdefault(event.get("loader"), set()).add(worker.get("pid"))
+        for pid in worker_parts(event)["sigbus_pids"]:
+            dead.setdefault(event.get("loader"), set()).add(pid)
     estimates = {f["loader"]: f for f in shm}
     out = []
     for loader, pids in dead.items():

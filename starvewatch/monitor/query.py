@@ -9,7 +9,7 @@ import time
 import orjson
 
 from .analysis import iso, summarize
-from .retention import RAW_WINDOW_STEPS, recent_notes, rolled_spans
+from .retention import RAW_WINDOW_STEPS, recent_notes, rolled_spans, samples_rolled
 from .store import Store
 from .tuning import with_tuning
 
@@ -111,6 +111,9 @@ class Query:
         rolled = rolled_spans(self.store.reader(), run_id)
         if rolled:  # which spans only the rollups hold (storage budget, monitor/retention.py)
             summary["rolled_up"] = [r for r in rolled if rank is None or r["rank"] == rank]
+        folded = [r for r in samples_rolled(self.store.reader(), run_id) if rank is None or r["rank"] == rank]
+        if folded:  # which spans of host, GPU and worker samples are per-bucket aggregates
+            summary["samples_rolled_up"] = folded
         return with_tuning(summary, self.store.latest_tuning(run_id))
 
     def worker_events(self, run_id: str, rank: int | None = None) -> list[dict]:
@@ -244,7 +247,8 @@ class Query:
         if rank is not None:
             sql += " AND rank = ?"
             args.append(rank)
-        rows = self.store.reader().execute(sql, args).fetchall()
+        # In time order: a bucket of folded samples (stored after newer raw ones) takes its place.
+        rows = self.store.reader().execute(sql + " ORDER BY t_ns, rowid", args).fetchall()
         if not rows:
             return None
         return overview([(kind, orjson.loads(data)) for kind, data in rows])

@@ -11,11 +11,18 @@ passes the budget, down to LOW_WATER of it:
    budget). Phases older than the window the straggler rule reads go too.
 2. per-second rollups are merged into coarser tiers (TIERS_S), oldest span first, never coarser
    than a run's length / MIN_BUCKETS: a whole run stays drawable with at least 1,000 buckets.
-3. the oldest ended runs are coarsened further (their raw window dropped), then as a last resort
-   deleted; each is logged and listed in `retention_log` (the runs page shows it as a banner).
+3. the oldest ended runs are coarsened further (their raw window dropped), then live runs'
+   samples are folded whole (their recent span too: charts coarser, figures kept), then as a
+   last resort the oldest ended runs are deleted; each is logged, a coarsened or deleted run
+   listed in `retention_log` (the runs page shows it as a banner).
 
 Which spans of a run are rolled up is kept in `rolled_spans` (per rank: every step before
 `until_s` is in the rollups only); the CSV export emits those spans as marked buckets.
+
+Host, GPU and worker samples follow the same tiers (monitor/sample_rollups.py): in stage 2 each
+run's samples older than the tier's recent span merge into per-bucket aggregates (min / mean /
+max per field, and what the findings read), never coarser than the run's length / MIN_BUCKETS;
+stage 3 folds an ended run's samples whole. `rolled_samples` says per rank until when.
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ import sqlite3
 import orjson
 
 from ..logonce import RateLimitedLog
-from . import run_rollups
+from . import run_rollups, sample_rollups
 
 log = logging.getLogger("starvewatch.retention")
 _errors = RateLimitedLog(log)
@@ -135,6 +142,7 @@ class Retention:
         self.raw_window_steps = RAW_WINDOW_STEPS if raw_window_steps is None else raw_window_steps
         self.folds = 0
         self._retry_at = 0.0  # after a fold that could not get under the budget: not before this
+        self._live_folded: set[str] = set()  # runs whose recent samples were folded (said once each)
         w = store._writer
         page = w.execute("PRAGMA page_size").fetchone()[0]
         # The WAL counts against the budget: checkpoint and truncate it at 1/50 of it.
@@ -175,9 +183,10 @@ class Retention:
     def enforce(self) -> dict:
         """Fold until the data is under LOW_WATER of the budget; returns what was done."""
         target = int(self.max_bytes * LOW_WATER)
-        done = {"steps": 0, "phases": 0, "rollups": 0, "coarsened_runs": 0, "deleted_runs": 0}
+        done = {"steps": 0, "phases": 0, "rollups": 0, "samples": 0, "coarsened_runs": 0, "deleted_runs": 0}
         self.folds += 1
-        for stage in (self._fold_raw, self._coarsen_tiers, self._coarsen_ended_runs, self._delete_ended_runs):
+        for stage in (self._fold_raw, self._coarsen_tiers, self._coarsen_ended_runs, self._fold_live_samples,
+                      self._delete_ended_runs):
             while self._reclaim() > target:
                 if not stage(done, self._reclaim() - target):
                     break
@@ -189,6 +198,10 @@ class Retention:
                 self._retry_at = time.monotonic() + RETRY_AFTER_S
                 _errors.error("over", "database over its budget of %d bytes with only live runs left to fold "
                                       "(%d bytes): raise --max-db-size", self.max_bytes, self.used_bytes())
+        if done["steps"] or done["rollups"] or done["samples"]:
+            log.info("storage budget: folded %d raw step rows, %d rollup rows and %d host/GPU/worker sample "
+                     "rows into coarser buckets (budget %d bytes)", done["steps"], done["rollups"],
+                     done["samples"], self.max_bytes)
         return done
 
     def _reclaim(self) -> int:
@@ -401,14 +414,46 @@ class Retention:
         w = self.store._writer
         for width in TIERS_S:
             for run_id, _ in self._runs_oldest_first():
-                if self.allowed_width_s(run_id) < width:
-                    continue
-                hi = w.execute("SELECT max(second) FROM rollups WHERE run_id = ?", (run_id,)).fetchone()[0]
-                merged = self.coarsen(run_id, width, hi - TIER_KEEP_RECENT_S[width])
-                if merged:
+                merged = 0
+                if self.allowed_width_s(run_id) >= width:
+                    hi = w.execute("SELECT max(second) FROM rollups WHERE run_id = ?", (run_id,)).fetchone()[0]
+                    merged = self.coarsen(run_id, width, hi - TIER_KEEP_RECENT_S[width])
                     done["rollups"] += merged
+                # The run's samples, in the same tier and keeping the same recent span at finer grain.
+                folded = self.fold_samples(run_id, width)
+                done["samples"] += folded
+                if merged or folded:
                     return True
         return False
+
+    def samples_width_s(self, run_id: str) -> int:
+        """The coarsest tier that still draws the run's samples in MIN_BUCKETS buckets (1: none)."""
+        span = sample_rollups.span(self.store._writer, run_id)
+        if span is None:
+            return 1
+        fitting = [t for t in TIERS_S if t * MIN_BUCKETS <= span[1] - span[0] + 1]
+        return fitting[-1] if fitting else 1
+
+    def fold_samples(self, run_id: str, width_s: int, whole: bool = False) -> int:
+        """One pass merging a run's samples into width_s buckets: those older than the tier's
+        recent span (whole: all), when the run is long enough for width_s. Returns the rows folded."""
+        if self.samples_width_s(run_id) < width_s:
+            return 0
+        hi = sample_rollups.span(self.store._writer, run_id)[1]
+        cut = (hi + 1 if whole else hi - TIER_KEEP_RECENT_S[width_s]) // width_s * width_s
+        # Rows per pass: about a hundredth of the budget at ~1 KB a sample (the WAL counts too).
+        limit = max(100, min(sample_rollups.MAX_EVENTS_PER_PASS, self.max_bytes // 100 // 1000))
+        w = self.store._writer
+        w.execute("BEGIN IMMEDIATE")
+        try:
+            folded = sample_rollups.fold(w, run_id, width_s, cut, limit)
+            w.execute("COMMIT")
+        except BaseException:
+            w.execute("ROLLBACK")
+            raise
+        if folded:
+            self._changed(run_id)
+        return folded
 
     # ---- stage 3: ended runs ----------------------------------------------------------------
     def _coarsen_ended_runs(self, done: dict, excess_bytes: int) -> bool:
@@ -419,7 +464,12 @@ class Retention:
             width = self.allowed_width_s(run_id)
             finer = w.execute("SELECT 1 FROM rollups WHERE run_id = ? AND span_s < ? LIMIT 1",
                               (run_id, width)).fetchone() if width > 1 else None
-            if not (has_raw or has_phases or finer):
+            sample_width = self.samples_width_s(run_id)
+            finer_samples = w.execute(
+                "SELECT 1 FROM events WHERE run_id = ? AND kind IN ('samples', 'workers') AND span_s < ? "
+                "AND t_ns < ? LIMIT 1", (run_id, sample_width, self._whole_cut_ns(run_id, sample_width))
+            ).fetchone() if sample_width > 1 else None
+            if not (has_raw or has_phases or finer or finer_samples):
                 continue
             while self._fold_raw(done, 1 << 40, run_ids=[run_id], keep_window=False):
                 pass
@@ -427,13 +477,40 @@ class Retention:
             done["phases"] += with_phases
             if finer:
                 done["rollups"] += self.coarsen(run_id, width)
+            if finer_samples:
+                while folded := self.fold_samples(run_id, sample_width, whole=True):
+                    done["samples"] += folded
             done["coarsened_runs"] += 1
             self._note(run_id, name, "coarsened",
-                       f"raw steps folded into rollups of {width} s buckets to keep the database within "
+                       f"raw steps folded into rollups of {width} s buckets (host, GPU and worker samples into "
+                       f"{max(sample_width, 1)} s buckets) to keep the database within "
                        f"{self.max_bytes} bytes: totals, percentiles and the verdict are kept, its straggler "
                        f"ranking is no longer computed")
             return True
         return False
+
+    def _fold_live_samples(self, done: dict, excess_bytes: int) -> bool:
+        """Before an ended run is deleted: live runs' samples folded whole into their coarsest
+        tier, their recent span too (a host sample every 0.5 s on 64 ranks keeps an hour in
+        ~1 GB). Nothing the summary or the diagnosis reads is lost; the charts get coarser."""
+        for run_id, name in self._runs_oldest_first():
+            width = self.samples_width_s(run_id)
+            if width <= 1:
+                continue
+            folded = self.fold_samples(run_id, width, whole=True)
+            if folded:
+                done["samples"] += folded
+                if run_id not in self._live_folded:
+                    self._live_folded.add(run_id)
+                    log.warning("storage budget: run %s (%s): its recent host, GPU and worker samples folded into "
+                                "%d s buckets too, to keep the database within %d bytes", name, run_id, width,
+                                self.max_bytes)
+                return True
+        return False
+
+    def _whole_cut_ns(self, run_id: str, width_s: int) -> int:
+        hi = sample_rollups.span(self.store._writer, run_id)[1]
+        return (hi + 1) // width_s * width_s * 1_000_000_000
 
     def _delete_ended_runs(self, done: dict, excess_bytes: int) -> bool:
         ended = self._runs_oldest_first(ended_only=True)
@@ -464,6 +541,15 @@ def rolled_spans(db, run_id: str) -> list[dict]:
     return [{"rank": rank, "until": iso(until_s), "until_s": until_s, "steps": steps}
             for rank, until_s, steps in db.execute(
                 "SELECT rank, until_s, steps FROM rolled_spans WHERE run_id = ? ORDER BY rank", (run_id,))]
+
+
+def samples_rolled(db, run_id: str) -> list[dict]:
+    """Per rank: its host, GPU and worker samples before `until` are per-bucket aggregates
+    (`events`: how many samples were folded), monitor/sample_rollups.py."""
+    from .analysis import iso
+    return [{"rank": rank, "until": iso(until_s), "until_s": until_s, "events": events}
+            for rank, until_s, events in db.execute(
+                "SELECT rank, until_s, events FROM rolled_samples WHERE run_id = ? ORDER BY rank", (run_id,))]
 
 
 def recent_notes(db, limit: int = 5) -> list[dict]:

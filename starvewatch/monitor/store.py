@@ -18,12 +18,14 @@ import orjson
 from ..batch_parts import uncovered
 from ..private_files import FILE_MODE, make_private_dirs
 from ..stats import LoaderTotals, RecordStats
-from . import retention, run_rollups
+from . import retention, run_rollups, sample_rollups
 
 # 2: `seen` keeps record ranges [first, end) of each batch (batch_parts.py), not only (stream, seq);
 #    `rejected_files` counts the spool files that could not be ingested.
 # 3: `run_rollups`, the per-rank rollups summed over ranks (run_rollups.py), filled at open.
-SCHEMA_VERSION = 3
+# 4: `events.span_s` (0: a raw sample; else the tier of a bucket of folded samples) and
+#    `rolled_samples` (sample_rollups.py): samples follow the storage budget's tiers.
+SCHEMA_VERSION = 4
 WHOLE_BATCH_END = 2**62  # a batch stored before version 2: every record of it
 
 DDL = """
@@ -68,7 +70,7 @@ CREATE TABLE IF NOT EXISTS phases (
 CREATE INDEX IF NOT EXISTS phases_run ON phases(run_id);
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, rank INTEGER NOT NULL, kind TEXT NOT NULL, t_ns INTEGER NOT NULL,
-    data TEXT NOT NULL);
+    data TEXT NOT NULL, span_s INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS events_run ON events(run_id, kind, t_ns);
 -- `starvewatch tune` results stored with a run (JSON documents, starvewatch.tuning/1).
 CREATE TABLE IF NOT EXISTS tunings (run_id TEXT NOT NULL, created_at REAL NOT NULL, data TEXT NOT NULL);
@@ -118,6 +120,7 @@ class Store:
                 DROP TABLE seen;
                 ALTER TABLE seen_ranges RENAME TO seen;
                 COMMIT;""")
+        sample_rollups.migrate(w)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
@@ -182,7 +185,7 @@ class Store:
                 events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
                           for e in getattr(batch, kind)]
                 if events:
-                    w.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+                    w.executemany("INSERT INTO events (run_id, rank, kind, t_ns, data) VALUES (?, ?, ?, ?, ?)",
                                   [(batch.run_id, batch.rank, kind, int(e.get("t_ns") or time.time_ns()),
                                     orjson.dumps(e).decode()) for kind, e in events])
                 w.execute("COMMIT")
@@ -447,7 +450,7 @@ class Store:
                                              (run_id,)).fetchall():
                     w.execute("DELETE FROM steps WHERE rowid BETWEEN ? AND ?", (first, last))
                 for table in ("step_blocks", "rollups", "run_rollups", "phases", "events", "loaders", "streams", "tunings",
-                              "rejected_files", "rolled_spans", "step_exemplars"):
+                              "rejected_files", "rolled_spans", "step_exemplars", "rolled_samples"):
                     w.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
                 # `seen` stays: a late replay of a deleted run's batch must not resurrect it.
                 w.execute("COMMIT")
