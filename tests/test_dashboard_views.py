@@ -251,3 +251,26 @@ def test_compare_pickers_keep_runs_from_the_url_and_run_links_to_previous(tmp_pa
     assert link.id == "compare-previous" and link.href == "/compare?a=run-b&b=run-c"
     assert "no earlier run" in _text(callbacks.run_view(query, "run-a", None)["title"])
     store.close()
+
+
+def test_the_run_page_shows_the_latest_workers_and_host_samples_of_a_long_run(tmp_path):
+    """More snapshots than the page reads (2,000 workers, 5,000 samples): the page shows the
+    last of them, what the workers and host do now, not the run's first half hour."""
+    store, query = _query(tmp_path)
+    start_s = 1_700_000_000
+    payload = batch(seq=2, step0=100, n=1)
+    payload["workers"] = [{"loader": "train", "t_ns": (start_s + i) * 10**9, "configured_workers": 2,
+                           "alive_workers": 1 if i == 2499 else 2, "queue_depth": 0, "queue_capacity": 4,
+                           "workers": [{"id": 0, "pid": 11, "state": "running", "batches": i}]}
+                          for i in range(2500)]
+    payload["samples"] = [{"kind": "host", "t_ns": (start_s + i) * 10**9, "cpu_pct": 99.0 if i == 5999 else 10.0}
+                          for i in range(6000)]
+    store.ingest(EventBatch.model_validate_json(orjson.dumps(payload)))
+    view = callbacks.run_view(query, "run-a", None)
+    assert "now: 1/2 workers alive" in _text(view["workers"])
+    cpu = next(t for t in view["system"].data if t.name == "CPU %")
+    assert len(cpu.y) == 5000 and cpu.y[-1] == 99.0  # the newest 5,000, oldest first
+    assert [e["t_ns"] for e in query.events("run-a", "samples", limit=3)] == \
+        [(start_s + i) * 10**9 for i in range(3)]  # the API's default: from the start
+    assert [e["t_ns"] for e in query.events("run-a", "samples", limit=3, newest=True)] == \
+        [(start_s + i) * 10**9 for i in range(5997, 6000)]

@@ -89,8 +89,9 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
     steps = query.step_series(run_id, loader=loader, points=1000) if loader else {"points": []}
     dists = query.distributions(run_id, loader) if loader else {"wait": {}, "compute": {}}
     series = query.rollup_series(run_id, loader=loader, points=300)
-    samples = query.events(run_id, "samples", limit=5000)
-    workers = query.events(run_id, "workers", limit=2000)
+    # The latest samples and worker snapshots: the panels say what the workers and host do now.
+    samples = query.events(run_id, "samples", limit=5000, newest=True)
+    workers = query.events(run_id, "workers", limit=2000, newest=True)
     ranks = sorted({r["rank"] for r in query.detail(run_id)["ranks"]})
     per_rank = {rank: query.summary(run_id, rank) for rank in ranks} if len(ranks) > 1 else {}
     timeline = figures.step_timeline(steps, title=f"{loader}: wait vs compute per step")

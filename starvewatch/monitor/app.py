@@ -222,10 +222,12 @@ def create_app(settings: CollectorSettings | None = None, *,
         return FastJSONResponse(state["query"].worker_memory(run_id))
 
     @app.get("/api/v1/runs/{run_id}/events/{kind}")
-    def events(run_id: str, kind: str, since_ns: int = Q(0, ge=0, le=INT64_MAX), limit: int = Q(5000, ge=1, le=50_000)):
+    def events(run_id: str, kind: str, since_ns: int = Q(0, ge=0, le=INT64_MAX), limit: int = Q(5000, ge=1, le=50_000),
+               newest: bool = False):
         if kind not in ("samples", "workers", "stalls"):
             raise HTTPException(404, f"unknown event kind {kind!r}: samples, workers or stalls")
-        return FastJSONResponse({"events": state["query"].events(run_id, kind, since_ns=since_ns, limit=limit)})
+        return FastJSONResponse({"events": state["query"].events(run_id, kind, since_ns=since_ns, limit=limit,
+                                                                 newest=newest)})
 
     @app.post("/api/v1/runs/{run_id}/tuning")
     async def store_tuning(run_id: str, request: Request):

@@ -453,11 +453,17 @@ class Query:
                 "source": "rollups"}
 
     @cached(per_run=True, max_age_s=None)
-    def events(self, run_id: str, kind: str, since_ns: int = 0, limit: int = 5000) -> list[dict]:
+    def events(self, run_id: str, kind: str, since_ns: int = 0, limit: int = 5000,
+               newest: bool = False) -> list[dict]:
+        """Events after `since_ns`, oldest first: the first `limit` of them, or with `newest` the
+        last `limit` (what a page showing "now" needs once a run has more than `limit`)."""
         self._row(run_id)
+        order = "DESC" if newest else "ASC"
         rows = self.store.reader().execute(
-            "SELECT rank, data FROM events WHERE run_id = ? AND kind = ? AND t_ns > ? ORDER BY t_ns LIMIT ?",
+            f"SELECT rank, data FROM events WHERE run_id = ? AND kind = ? AND t_ns > ? ORDER BY t_ns {order} LIMIT ?",
             (run_id, kind, since_ns, limit)).fetchall()
+        if newest:
+            rows.reverse()
         return [{"rank": r[0], **orjson.loads(r[1])} for r in rows]
 
 
