@@ -183,3 +183,82 @@ def test_a_loader_idle_for_lack_of_shards_gets_no_proposal_that_adds_workers():
     # Idle for another cause (an uneven split): the other proposals are left to the rules.
     uneven = {**idle, "detail": {"cause": "uneven_split"}}
     assert _without_idle_workers([more, pin], {"findings": [uneven]}) == [more, pin]
+
+
+# ---- the model counts only the workers that can work (pure, over constructed measurements) ----
+def _one_of_four_serving(cpu_fraction: float, shards, load_ms: float = 40, **system_extra):
+    """4 workers of which 1 served (`load_ms` a batch, measured on it) against 10 ms of compute,
+    4 epochs whose first batch waits 300 ms (respawned workers): the loop waits load - 10 ms a step."""
+    from tests.test_diagnosis import loader, system
+    data = loader(steps=200, epochs=4, wait_ms=load_ms - 10, compute_ms=10, workers=4, first_wait_ms=300)
+    data.config["dataset_shards"] = shards
+    events = [{"loader": "train", "rank": 0,
+               "workers": [{"id": 0, "batches": 200}] + [{"id": i, "batches": 0} for i in (1, 2, 3)]}]
+    from starvewatch.monitor.analysis import summarize
+    return summarize({"id": "r", "name": "n"}, [data], worker_events=events,
+                     system=system(cpu_fraction=cpu_fraction, load_ms=load_ms, **system_extra))
+
+
+def test_predictions_and_evidence_count_the_one_worker_that_serves_not_the_four_configured():
+    s = _one_of_four_serving(0.1, shards=1)
+    [idle] = s["findings"]
+    assert (idle["detail"]["active_workers"], idle["detail"]["cause"]) == (1, "too_few_shards")
+    # Measured: (4 x 300 + 196 x 30) / 200 = 35.4 ms of wait + 10 of compute a step.
+    step = (4 * 300 + 196 * 30) / 200 + 10
+    # persistent_workers saves the 270 ms respawn 3 times in 4; the one serving worker still
+    # loads 40 ms a batch: max(10, 40 / 1) + 0.5 + 270 / 200 (over 4 workers: max(10, 40 / 4)..., 3.8x).
+    [persistent] = [r for r in s["recommendations"] if r["parameter"] == "persistent_workers"]
+    assert persistent["expected_speedup"] == pytest.approx(step / (40 + 0.5 + 270 / 200), rel=0.01)
+    # Resharding: all 4 serve, each epoch still respawns them: max(10, 40 / 4) + 0.5 + 4 x 270 / 200.
+    assert idle["detail"]["expected_speedup_resharded"] == pytest.approx(step / (10 + 0.5 + 4 * 270 / 200), rel=0.01)
+    [plan] = s["plans"]
+    assert plan["expected_speedup"] == pytest.approx(persistent["expected_speedup"], rel=0.01)
+    for r in s["recommendations"]:
+        assert (r["evidence"]["num_workers"], r["evidence"]["active_workers"]) == (4, 1)
+        assert not (r["parameter"] == "num_workers" and r["suggested"] > 4)
+
+
+def test_one_cpu_bound_worker_of_four_on_two_cores_is_not_oversubscribed():
+    """Only the serving worker loads (80 ms a batch): 0.9 of one core, not 4 x 0.9 of two.
+    Counting all four made the cores 'saturated': num_workers=2 against oversubscription, and
+    lighter transforms for '4 CPU-bound workers on 2 cores' predicted as if all four loaded."""
+    s = _one_of_four_serving(0.9, shards=1, load_ms=80)
+    assert s["verdict"]["limiting_factor"] == "input_bound_cpu"
+    [persistent] = s["recommendations"]
+    assert persistent["parameter"] == "persistent_workers" and "4 CPU-bound" not in persistent["reason"]
+    step = (4 * 300 + 196 * 70) / 200 + 10  # one worker: max(10, 80 / 1, 80 / 2 cores) + 0.5 + 270 / 200
+    assert persistent["expected_speedup"] == pytest.approx(step / (80 + 0.5 + 270 / 200), rel=0.01)
+
+
+def test_a_split_too_uneven_to_read_a_shard_count_gets_no_more_workers_either():
+    """A pure-torch IterableDataset (no shard count read): the idle_workers finding says
+    'uneven_split'; more workers would be predicted from the one that serves, which gains nothing."""
+    s = _one_of_four_serving(0.1, shards=None)
+    [idle] = s["findings"]
+    assert (idle["detail"]["cause"], "expected_speedup_resharded" in idle["detail"]) == ("uneven_split", False)
+    [persistent] = s["recommendations"]  # not num_workers
+    step = (4 * 300 + 196 * 30) / 200 + 10
+    assert persistent["expected_speedup"] == pytest.approx(step / (40 + 0.5 + 270 / 200), rel=0.01)
+
+
+def test_shared_memory_per_batch_is_measured_over_the_workers_that_filled_it():
+    """8 MiB of /dev/shm held by the one serving worker's 2 prefetched batches: 4 MiB a batch,
+    not 1 MiB (8 / (4 workers x 2)). Once resharded, all 4 fill it: 4 x 2 x 4 MiB do not fit a
+    16 MiB budget (20 MiB less 20%), 2 workers do (at 1 MiB a batch, 4 x 2 x 1 MiB fitted)."""
+    s = _one_of_four_serving(0.1, shards=1, shm_total_bytes=20 * 2**20, shm_used_min_bytes=0,
+                             shm_used_max_bytes=8 * 2**20)
+    [bound] = [r for r in s["recommendations"] if r["parameter"] == "num_workers"]
+    assert (bound["kind"], bound["suggested"], bound["evidence"]["batch_bytes"]) == ("protective", 2, 4 * 2**20)
+
+
+def test_waits_for_the_one_serving_worker_are_not_read_as_the_hand_over():
+    """With idle workers, the serving worker's batches arrive out of turn and the result queue
+    reads as holding a ready batch (queue_depth >= 1) while the loop waits for that worker: the
+    short waits are then still waits for it (40 - 10 ms), not a 30 ms hand-over per batch."""
+    loaders = {"train": {"worker_load_ms_mean": 40, "worker_cpu_fraction": 0.1, "queue_depth_mean": 1.5}}
+    s = _one_of_four_serving(0.1, shards=1, loaders=loaders)
+    [idle] = s["findings"]
+    step = (4 * 300 + 196 * 30) / 200 + 10
+    assert idle["detail"]["expected_speedup_resharded"] == pytest.approx(step / (10 + 0.5 + 4 * 270 / 200), rel=0.01)
+    [persistent] = s["recommendations"]
+    assert persistent["expected_speedup"] == pytest.approx(step / (40 + 0.5 + 270 / 200), rel=0.01)

@@ -165,10 +165,17 @@ def _constructs(scenario, summary) -> bool:
     return True
 
 
-def _variant(scenario, base: dict, rec: dict | None, plan: dict | None):
-    """(configs, datasets) with one recommendation applied, or one loader's plan."""
+def _variant(scenario, base: dict, rec: dict | None, plan: dict | None, reshard: dict | None = None):
+    """(configs, datasets) with one recommendation applied, one loader's plan, or an
+    idle_workers finding's resharding (the same data in as many shards as readers)."""
     configs = {name: (dict(c) if c is not None else None) for name, c in base.items()}
     datasets = {}
+    if reshard is not None:
+        spec = scenario.loaders[reshard["loader"]]
+        if spec.resharded is None:
+            raise ValueError(f"{scenario.name}: no resharded variant of {reshard['loader']!r}")
+        datasets[reshard["loader"]] = spec.resharded(reshard["detail"]["readers"])
+        return configs, datasets
     if plan is not None:
         configs[plan["loader"]] = {**(configs[plan["loader"]] or {}), **plan["config"]}
         return configs, datasets
@@ -186,9 +193,9 @@ def _variant(scenario, base: dict, rec: dict | None, plan: dict | None):
     return configs, datasets
 
 
-def _measure(scenario, base, base_s, label, expected, loader, rec=None, plan=None) -> dict:
+def _measure(scenario, base, base_s, label, expected, loader, rec=None, plan=None, reshard=None) -> dict:
     try:
-        configs, datasets = _variant(scenario, base, rec, plan)
+        configs, datasets = _variant(scenario, base, rec, plan, reshard)
     except ValueError as exc:  # advice the scenario cannot apply: unmeasured, and so a failure
         return {"change": label, "loader": loader, "predicted": expected, "measured": None,
                 "error": str(exc), "ok": False}
@@ -253,6 +260,13 @@ def _run_scenario(scenario) -> dict:
                                                 and r["parameter"] in plan["changes"] for r in recs) else None
         label = "full set: " + ", ".join(f"{k}={v!r}" for k, v in plan["changes"].items())
         measurements.append(_measure(scenario, base, base_s, label, joint, plan["loader"], plan=plan))
+    # An idle_workers finding's resharding: measured against its prediction like any advice.
+    for finding in summary["findings"]:
+        predicted = finding["detail"].get("expected_speedup_resharded") if finding["kind"] == "idle_workers" else None
+        if predicted is not None:
+            label = f"reshard into {finding['detail']['readers']} shards"
+            measurements.append(_measure(scenario, base, base_s, label, predicted, finding["loader"],
+                                         reshard=finding))
     checks["measured"] = bool(measurements) or scenario.expect_top is None and not recs
     checks["within_25pct"] = all(m["ok"] for m in measurements)
     return {"name": scenario.name, "rule": scenario.rule, "description": scenario.description,
