@@ -11,6 +11,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import starvewatch
 
+from .conftest import wait_until
+
 N = 64
 BATCH = 4
 ITEM_S = 0.002  # load time of one sample: the loop (1 ms a step) waits for the workers
@@ -262,3 +264,61 @@ def test_waits_for_the_one_serving_worker_are_not_read_as_the_hand_over():
     assert idle["detail"]["expected_speedup_resharded"] == pytest.approx(step / (10 + 0.5 + 4 * 270 / 200), rel=0.01)
     [persistent] = s["recommendations"]
     assert persistent["expected_speedup"] == pytest.approx(step / (40 + 0.5 + 270 / 200), rel=0.01)
+
+
+RANK_PROGRAM = __import__("pathlib").Path(__file__).parent / "programs" / "rank_shards.py"
+
+
+def test_a_rank_whose_loader_yields_nothing_or_a_tenth_is_named_from_real_processes(collector, tmp_path):
+    """Two jobs of two real ranks each (RANK/WORLD_SIZE and one STARVEWATCH_RUN_ID per job, as
+    a launcher sets them), every rank watched with 2 DataLoader workers and delivering to a real
+    collector; rank 1's IterableDataset yields nothing in one job and a tenth of rank 0's
+    batches in the other. Each stored run names rank 1 in its summary, its Markdown export and
+    the dashboard's findings card."""
+    import os
+    import subprocess
+    import sys
+    from starvewatch.dashboard import callbacks
+    from starvewatch.monitor.query import Query
+    from starvewatch.monitor.store import Store
+    from .test_dashboard_views import _text
+    server = collector()
+    procs = {}
+    for share in (0.0, 0.1):  # both jobs at once: their start-ups overlap
+        for rank in (0, 1):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                   "LOCAL_WORLD_SIZE": "2", "STARVEWATCH_RUN_ID": f"ranks-{share}", "STARVEWATCH_RUN_NAME": "ranks",
+                   "STARVEWATCH_URL": server.url, "SW_RANK1_SHARE": str(share), "OMP_NUM_THREADS": "1",
+                   "STARVEWATCH_DIR": str(tmp_path / f"sw-{share}-{rank}")}
+            procs[share, rank] = subprocess.Popen([sys.executable, str(RANK_PROGRAM)], env=env, text=True,
+                                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    outputs = {key: p.communicate(timeout=120)[0] for key, p in procs.items()}
+    assert [p.returncode for p in procs.values()] == [0] * 4, outputs
+    for share in (0.0, 0.1):
+        batches = 3 if share else 0  # 9 samples: 5 and 4 for the two workers, in batches of 4
+        assert "rank 0 finished 24 batches" in outputs[share, 0], outputs
+        assert f"rank 1 finished {batches} batches" in outputs[share, 1], outputs
+        run_id = f"ranks-{share}"
+
+        def named():
+            runs = [r for r in server.get("/api/v1/runs")["runs"] if r["id"] == run_id and r["status"] == "finished"]
+            if not runs or runs[0]["ranks"] != 2:
+                return None
+            found = [f for f in server.get(f"/api/v1/runs/{run_id}/summary")["findings"]
+                     if f["kind"] == "idle_workers"]
+            return found or None
+        [finding] = wait_until(named, what=f"both ranks of {run_id} stored and the idle rank found")
+        detail = finding["detail"]
+        assert (detail["idle_ranks"], detail["batches_per_rank"], detail["world_size"]) == \
+            ([1], {"0": 24, "1": batches}, 2)
+        assert (detail["rank"], detail["batches_per_worker"]) == (1, [2, 1] if share else [0, 0])
+        line = f"rank 1 of 'train' served {batches} batches against 24 on the busiest rank"
+        assert line in finding["title"]
+        status, report = server.request("GET", f"/api/v1/runs/{run_id}/export?format=md")
+        assert status == 200 and line in report.decode()
+        store = Store(server.directory / "starvewatch.db")
+        try:
+            view = callbacks.run_view(Query(store), run_id, None)
+        finally:
+            store.close()
+        assert line in _text(view["advice"])
