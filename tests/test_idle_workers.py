@@ -322,3 +322,18 @@ def test_a_rank_whose_loader_yields_nothing_or_a_tenth_is_named_from_real_proces
         finally:
             store.close()
         assert line in _text(view["advice"])
+
+
+def test_the_finding_and_its_resharding_gain_reach_the_console_line_and_the_markdown_export():
+    from starvewatch.hooks.report import format_report
+    from starvewatch.monitor.export import to_markdown
+    s = _one_of_four_serving(0.1, shards=1)
+    [idle] = s["findings"]
+    gain = idle["detail"]["expected_speedup_resharded"]
+    assert f"Expected from resharding: {gain:.2f}x (all 4 workers serving at the 40.0 ms a batch the serving one measured)" \
+        in idle["fix"]
+    console = format_report(s)
+    assert "  !! train: [warning] 3 of 4 DataLoader workers of 'train' served no batches" in console
+    report = to_markdown(s)
+    assert "- **train** [warning] 3 of 4 DataLoader workers" in report
+    assert f"Expected from resharding: {gain:.2f}x" in report and "active workers 1;" in report

@@ -180,6 +180,24 @@ def tar_dataset(shards: int, samples: int, sleep_s: float):
         .decode().map(functools.partial(_slow_sample, sleep_s=sleep_s))
 
 
+def _slow_row(row, sleep_s):
+    time.sleep(sleep_s)  # a read of the row from remote storage
+    return row
+
+
+def stack_x(rows):
+    return torch.stack([torch.as_tensor(row["x"], dtype=torch.float32) for row in rows])
+
+
+def hf_dataset(shards: int, samples: int, sleep_s: float):
+    """A Hugging Face `datasets` IterableDataset of `shards` shards (`to_iterable_dataset`'s
+    default is 1): datasets itself gives each worker whole shards and stops the workers left
+    without one."""
+    import datasets
+    table = datasets.Dataset.from_dict({"x": [[float(i)] * 4 for i in range(samples)]})
+    return table.to_iterable_dataset(num_shards=shards).map(functools.partial(_slow_row, sleep_s=sleep_s))
+
+
 class DiskReads(Dataset):
     """`n` items, each `chunks` random 1 MiB reads of a data file with O_DIRECT (past the page
     cache: every read goes to the device, as a dataset larger than RAM does); with `in_memory`,
@@ -437,5 +455,11 @@ SCENARIOS = [
              "webdataset, 1 tar shard for 4 workers (empty_check=False), 4 ms reads: 3 workers get no shard",
              {"train": LoaderSpec(lambda: tar_dataset(1, 768, 0.004), {"batch_size": 8, "num_workers": 4}, 0.008,
                                   resharded=lambda n: tar_dataset(n, 768, 0.004))},
+             1, "high", "input_bound_io", None, expect_finding=("train", "idle_workers")),
+    Scenario("idle_workers_hf_datasets", "idle_workers",
+             "Hugging Face datasets, to_iterable_dataset() (1 shard) for 2 workers, 4 ms reads: datasets stops one",
+             {"train": LoaderSpec(lambda: hf_dataset(1, 768, 0.004),
+                                  {"batch_size": 8, "num_workers": 2, "collate_fn": stack_x}, 0.008,
+                                  resharded=lambda n: hf_dataset(n, 768, 0.004))},
              1, "high", "input_bound_io", None, expect_finding=("train", "idle_workers")),
 ]

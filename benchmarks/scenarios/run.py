@@ -1,6 +1,6 @@
 """Acceptance benchmark of the diagnosis: known scenarios, expected answers, measured fixes.
 
-    python -m benchmarks.scenarios.run [--only NAME ...] [--docs]
+    python -m benchmarks.scenarios.run [--only NAME ...] [--merge] [--docs]
 
 Per scenario (benchmarks/scenarios/cases.py), against expectations written down beforehand:
 - the verdict band, the limiting factor, and the top recommendation's loader, parameter and
@@ -12,9 +12,12 @@ Per scenario (benchmarks/scenarios/cases.py), against expectations written down 
   within 25%). Advice that is not a DataLoader argument is measured on the scenario's "fixed"
   dataset. Only a healthy run may have nothing to measure.
 
-Writes benchmarks/results/scenarios.json (rows with `name`, `ok` and every figure, plus date,
-machine and torch version) and scenarios.md; --docs copies the table into the docs site's
-diagnosis page (docs/diagnosis.md, where the README's scenario table moved).
+Writes benchmarks/results/scenarios.json (rows with `name`, `ok` and every figure, the time
+and the 1-minute load average before and after each scenario, plus date, machine and torch
+version) and scenarios.md; a partial run (--only) writes them only with --merge, which replaces
+those rows (and adds new ones) in the last full run's results, each row keeping its own time.
+--docs copies the table into the docs site's diagnosis page (docs/diagnosis.md, where the
+README's scenario table moved).
 Exit status 1 when any scenario is off.
 """
 from __future__ import annotations
@@ -308,6 +311,14 @@ def markdown(report: dict) -> str:
     passed = sum(1 for r in rows if r["ok"])
     off = [r["name"] for r in rows if not r["ok"]]
     lines += ["", f"{passed} of {len(rows)} scenarios as expected" + (f"; off: {', '.join(off)}" if off else "") + "."]
+    apart = [r for r in rows if r.get("measured_at") and r["measured_at"][:10] != report["date"][:10]]
+    if apart:  # rows merged in from a partial run (--merge)
+        lines += ["", "Measured apart from that run: " + ", ".join(
+            f"{r['name']} ({r['measured_at'][:16].replace('T', ' ')} UTC)" for r in apart) + "."]
+    loads = [r for r in rows if r.get("load_average")]
+    if loads:  # a shared host: how busy it was while each scenario ran
+        lines += ["", "Load average (1 min) before and after: " + ", ".join(
+            f"{r['name']} {r['load_average'][0]:.1f}–{r['load_average'][1]:.1f}" for r in loads) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -316,12 +327,24 @@ def _write_docs(table: str) -> None:
     write_readme_section(BEGIN, END, table, ROOT / "docs" / "diagnosis.md")
 
 
+def _merged(partial: dict, order: list[str]) -> dict:
+    """The last full run's results with the partial run's rows in place of (or beside) its own,
+    in the order of SCENARIOS; the header (date, machine) stays the full run's."""
+    full = json.loads((RESULTS / "scenarios.json").read_text())
+    rows = {r["name"]: r for r in full["rows"]}
+    rows.update({r["name"]: r for r in partial["rows"]})
+    return {**full, "rows": sorted(rows.values(), key=lambda r: order.index(r["name"]) if r["name"] in order
+                                   else len(order))}
+
+
 def main() -> int:
     import torch
 
     from benchmarks.scenarios.cases import SCENARIOS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", help="scenario names")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --only: replace those rows in the last full run's results")
     parser.add_argument("--docs", "--readme", action="store_true",
                         help="copy the table into docs/diagnosis.md (--readme: its former name)")
     args = parser.parse_args()
@@ -333,7 +356,10 @@ def main() -> int:
         if args.only and scenario.name not in args.only:
             continue
         t0 = time.perf_counter()
+        load_before = os.getloadavg()[0]
         row = run_scenario(scenario)
+        row["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        row["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
         rows.append(row)
         print(f"{row['name']}: ok={row['ok']} {row['checks']} got={row['got']} "
               f"measured={[(m['change'], m['predicted'], m['measured']) for m in row['measurements']]} "
@@ -343,8 +369,10 @@ def main() -> int:
                          f"{platform.system()} {platform.release()}",
               "torch": torch.__version__, "python": platform.python_version(), "rows": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.only and args.merge:
+        report = _merged(report, [s.name for s in SCENARIOS])
     table = markdown(report)
-    if not args.only:  # a partial run does not overwrite the full results
+    if not args.only or args.merge:  # a partial run alone does not overwrite the full results
         (RESULTS / "scenarios.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
         (RESULTS / "scenarios.md").write_text(table)
         if args.docs:

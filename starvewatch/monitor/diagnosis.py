@@ -127,7 +127,11 @@ def _predict_resharding(summary: dict, facts: dict[str, LoaderFacts]) -> None:
             continue
         f = facts.get(finding["loader"])
         if f is not None and f.workers and f.worker_load:
-            finding["detail"]["expected_speedup_resharded"] = round(speedup(f, f.config, {"resharded": True}), 3)
+            gain = round(speedup(f, f.config, {"resharded": True}), 3)
+            finding["detail"]["expected_speedup_resharded"] = gain
+            finding["fix"] += (f" Expected from resharding: {gain:.2f}x (all {f.workers} workers serving at the "
+                               f"{f.load:.1f} ms a batch the serving one{'s' if f.active_workers > 1 else ''} "
+                               f"measured).")
 
 
 def _predict(recs: list[dict], facts: dict[str, LoaderFacts], t: Thresholds) -> list[dict]:
