@@ -146,10 +146,11 @@ class LoaderFacts:
             # hand-over. Workers that do not: most waits are for a worker, and only the short
             # ones (a batch was ready) are the hand-over.
             low = (steady.quantile(0.1) or 0) / 1e6 if steady and steady.count else self.median_wait
-            # Never more than the wait leaves beside the wait for the serving workers (load /
-            # serving - compute): with idle workers, the active one's batches arrive out of turn
-            # and read as ready while the loop still waits for that one worker.
-            low = min(low, max(0.0, self.steady_wait - (self.load / self.active_workers - self.compute)))
+            # With idle workers, the serving one's batches arrive out of turn and read as ready
+            # while the loop still waits for that one worker: the hand-over is at most what the
+            # wait leaves beside the wait for the serving workers (load / serving - compute).
+            if self.idle_workers:
+                low = min(low, max(0.0, self.steady_wait - (self.load / self.active_workers - self.compute)))
             self.transfer = self.median_wait if self.workers_keep_up else max(t.worker_transfer_ms, low)
         else:
             self.transfer = t.worker_transfer_ms
