@@ -307,7 +307,7 @@ def test_a_rank_whose_loader_yields_nothing_or_a_tenth_is_named_from_real_proces
             found = [f for f in server.get(f"/api/v1/runs/{run_id}/summary")["findings"]
                      if f["kind"] == "idle_workers"]
             return found or None
-        [finding] = wait_until(named, what=f"both ranks of {run_id} stored and the idle rank found")
+        [finding] = wait_until(named, timeout_s=60, what=f"both ranks of {run_id} stored and the idle rank found")
         detail = finding["detail"]
         assert (detail["idle_ranks"], detail["batches_per_rank"], detail["world_size"]) == \
             ([1], {"0": 24, "1": batches}, 2)
