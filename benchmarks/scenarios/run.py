@@ -11,6 +11,9 @@ Per scenario (benchmarks/scenarios/cases.py), against expectations written down 
   within 25% of its prediction; a set of protective changes must keep the throughput (1.0x
   within 25%). Advice that is not a DataLoader argument is measured on the scenario's "fixed"
   dataset. Only a healthy run may have nothing to measure.
+- an idle_workers finding's resharding (the scenario's `resharded` dataset: the same data in
+  as many shards as readers) is measured against its `expected_speedup_resharded` the same way,
+  and the resharded loader, diagnosed in its turn, must not be flagged (a healthy sharding).
 
 Writes benchmarks/results/scenarios.json (rows with `name`, `ok` and every figure, the time
 and the 1-minute load average before and after each scenario, plus date, machine and torch
@@ -270,6 +273,12 @@ def _run_scenario(scenario) -> dict:
             label = f"reshard into {finding['detail']['readers']} shards"
             measurements.append(_measure(scenario, base, base_s, label, predicted, finding["loader"],
                                          reshard=finding))
+            # The resharded loader is the healthy sharding: diagnosed, it must not be flagged.
+            _, datasets = _variant(scenario, base, None, None, finding)
+            starvewatch.init(f"{scenario.name}-resharded")
+            _train(scenario, base, datasets, watch=True)
+            resharded = starvewatch.finish(quiet=True)
+            checks["resharded_not_flagged"] = not any(f["kind"] == "idle_workers" for f in resharded["findings"])
     checks["measured"] = bool(measurements) or scenario.expect_top is None and not recs
     checks["within_25pct"] = all(m["ok"] for m in measurements)
     return {"name": scenario.name, "rule": scenario.rule, "description": scenario.description,
