@@ -269,7 +269,7 @@ def test_waits_for_the_one_serving_worker_are_not_read_as_the_hand_over():
 RANK_PROGRAM = __import__("pathlib").Path(__file__).parent / "programs" / "rank_shards.py"
 
 
-def test_a_rank_whose_loader_yields_nothing_or_a_tenth_is_named_from_real_processes(collector, tmp_path):
+def test_a_rank_whose_loader_yields_nothing_or_a_tenth_is_named_from_real_processes(collector):
     """Two jobs of two real ranks each (RANK/WORLD_SIZE and one STARVEWATCH_RUN_ID per job, as
     a launcher sets them), every rank watched with 2 DataLoader workers and delivering to a real
     collector; rank 1's IterableDataset yields nothing in one job and a tenth of rank 0's
@@ -288,8 +288,9 @@ def test_a_rank_whose_loader_yields_nothing_or_a_tenth_is_named_from_real_proces
         for rank in (0, 1):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                    "LOCAL_WORLD_SIZE": "2", "STARVEWATCH_RUN_ID": f"ranks-{share}", "STARVEWATCH_RUN_NAME": "ranks",
-                   "STARVEWATCH_URL": server.url, "SW_RANK1_SHARE": str(share), "OMP_NUM_THREADS": "1",
-                   "STARVEWATCH_DIR": str(tmp_path / f"sw-{share}-{rank}")}
+                   "STARVEWATCH_URL": server.url, "SW_RANK1_SHARE": str(share), "OMP_NUM_THREADS": "1"}
+            # STARVEWATCH_DIR stays the collector's: a final flush that outlasts its 2 s deadline on a
+            # loaded host leaves the records in the spool there, and the collector's sweep stores them.
             procs[share, rank] = subprocess.Popen([sys.executable, str(RANK_PROGRAM)], env=env, text=True,
                                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     outputs = {key: p.communicate(timeout=120)[0] for key, p in procs.items()}
@@ -300,14 +301,19 @@ def test_a_rank_whose_loader_yields_nothing_or_a_tenth_is_named_from_real_proces
         assert f"rank 1 finished {batches} batches" in outputs[share, 1], outputs
         run_id = f"ranks-{share}"
 
+        seen = {}
+
         def named():
-            runs = [r for r in server.get("/api/v1/runs")["runs"] if r["id"] == run_id and r["status"] == "finished"]
-            if not runs or runs[0]["ranks"] != 2:
+            seen["runs"] = [r for r in server.get("/api/v1/runs")["runs"] if r["id"] == run_id]
+            if not seen["runs"] or (seen["runs"][0]["status"], seen["runs"][0]["ranks"]) != ("finished", 2):
                 return None
-            found = [f for f in server.get(f"/api/v1/runs/{run_id}/summary")["findings"]
-                     if f["kind"] == "idle_workers"]
-            return found or None
-        [finding] = wait_until(named, timeout_s=60, what=f"both ranks of {run_id} stored and the idle rank found")
+            summary = server.get(f"/api/v1/runs/{run_id}/summary")
+            seen["findings"], seen["system"] = summary["findings"], summary.get("system")
+            return [f for f in summary["findings"] if f["kind"] == "idle_workers"] or None
+        try:
+            [finding] = wait_until(named, timeout_s=60, what=f"both ranks of {run_id} stored and the idle rank found")
+        except AssertionError as exc:  # what the collector had, to tell delivery from judgement
+            raise AssertionError(f"{exc}: {seen}") from None
         detail = finding["detail"]
         assert (detail["idle_ranks"], detail["batches_per_rank"], detail["world_size"]) == \
             ([1], {"0": 24, "1": batches}, 2)
@@ -337,3 +343,22 @@ def test_the_finding_and_its_resharding_gain_reach_the_console_line_and_the_mark
     report = to_markdown(s)
     assert "- **train** [warning] 3 of 4 DataLoader workers" in report
     assert f"Expected from resharding: {gain:.2f}x" in report and "active workers 1;" in report
+
+
+def test_the_load_time_is_the_serving_workers_not_a_mean_over_a_worker_that_served_one_batch():
+    """Worker 0 served 190 batches at 40 ms; worker 1 served 10 at 200 ms (its shard's opening)
+    and then nothing: the load is 48 ms a batch (weighed by batches), not (40 + 200) / 2."""
+    from starvewatch.monitor.analysis import summarize
+    from tests.test_diagnosis import loader
+    data = loader(steps=200, epochs=4, wait_ms=38, compute_ms=10, workers=4, first_wait_ms=300)
+    data.config["dataset_shards"] = 1
+    counts = [(190, 40.0), (10, 200.0), (0, None), (0, None)]
+    workers = [{"id": i, "batches": b, "load_ms_mean": ms} for i, (b, ms) in enumerate(counts)]
+    system = {"cpu_count": 2, "cpu_pct_mean": 50.0, "gpu_samples": 0,
+              "loaders": {"train": {"worker_load_ms_mean": 120.0, "worker_cpu_fraction": 0.1, "workers": workers}}}
+    s = summarize({"id": "r", "name": "n"}, [data], system=system,
+                  worker_events=[{"loader": "train", "rank": 0, "workers": workers}])
+    [idle] = s["findings"]
+    assert (idle["detail"]["idle_workers"], idle["detail"]["active_workers"]) == ([1, 2, 3], 1)
+    [persistent] = s["recommendations"]
+    assert persistent["evidence"]["load_ms"] == pytest.approx(48.0)

@@ -108,6 +108,13 @@ class LoaderFacts:
         info = (self.system.get("loaders") or {}).get(self.name) or {}
         self.worker_info = info
         self.worker_load = info.get("worker_load_ms_mean")
+        if self.idle_workers:
+            # Each worker's mean weighed by its batches: a worker idle after a batch or two
+            # (its shard's opening in it) would otherwise weigh as much as the one serving.
+            served = [(w["batches"], w["load_ms_mean"]) for w in info.get("workers") or []
+                      if w.get("batches") and w.get("load_ms_mean") is not None]
+            if served:
+                self.worker_load = sum(b * ms for b, ms in served) / sum(b for b, _ in served)
         self.worker_cpu_fraction = info.get("worker_cpu_fraction")
         if not self.workers:  # loading on the training thread: the wait is the load
             self.load = self.steady_wait
