@@ -362,3 +362,20 @@ def test_the_load_time_is_the_serving_workers_not_a_mean_over_a_worker_that_serv
     assert (idle["detail"]["idle_workers"], idle["detail"]["active_workers"]) == ([1, 2, 3], 1)
     [persistent] = s["recommendations"]
     assert persistent["evidence"]["load_ms"] == pytest.approx(48.0)
+
+
+def test_a_rank_short_of_data_does_not_set_the_worker_count_of_every_rank():
+    """Rank 1's workers served 3 and 0 batches against rank 0's 12 and 12: the finding names
+    rank 1 (its worker 0 at 3 is not idle by rank 0's share); the loader's model, over both
+    ranks' steps, keeps its 2 workers."""
+    from starvewatch.monitor.diagnosis import _active_workers
+    from starvewatch.monitor.findings import idle_worker_findings
+    events = [{"loader": "train", "rank": 0, "workers": [{"id": 0, "batches": 12}, {"id": 1, "batches": 12}]},
+              {"loader": "train", "rank": 1, "workers": [{"id": 0, "batches": 3}, {"id": 1, "batches": 0}]}]
+    [found] = idle_worker_findings(events, {"train": {"num_workers": 2}}, {"train": 0.0}, world_size=2)
+    assert (found["detail"]["idle_ranks"], found["detail"]["active_workers"]) == ([1], 1)
+    assert _active_workers({"findings": [found]}) == {}
+    within = idle_worker_findings([events[0], {**events[0], "rank": 1, "workers": [{"id": 0, "batches": 12},
+                                                                                  {"id": 1, "batches": 0}]}],
+                                  {"train": {"num_workers": 2}}, {"train": 0.5}, world_size=2)
+    assert _active_workers({"findings": within}) == {"train": 1}

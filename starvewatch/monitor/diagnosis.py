@@ -113,10 +113,12 @@ def _applicable(proposals: list[dict], summary: dict) -> list[dict]:
 
 
 def _active_workers(summary: dict) -> dict[str, int]:
-    """Per loader, the workers that can work where findings.idle_workers named idle ones (a
-    whole rank without data is named there, not counted here: the other ranks' workers serve)."""
+    """Per loader, the workers that can work where findings.idle_workers named idle ones within
+    the ranks. Not where ranks differ (`idle_ranks`: a rank far short of the others): its count
+    is that rank's, and the loader's figures are every rank's."""
     return {f["loader"]: f["detail"]["active_workers"] for f in summary.get("findings") or []
-            if f.get("kind") == "idle_workers" and (f["detail"].get("active_workers") or 0) >= 1}
+            if f.get("kind") == "idle_workers" and not f["detail"].get("idle_ranks")
+            and (f["detail"].get("active_workers") or 0) >= 1}
 
 
 def _predict_resharding(summary: dict, facts: dict[str, LoaderFacts]) -> None:
