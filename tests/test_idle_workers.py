@@ -11,6 +11,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 import starvewatch
 
+from .conftest import wait_until
+
 N = 64
 BATCH = 4
 ITEM_S = 0.002  # load time of one sample: the loop (1 ms a step) waits for the workers
@@ -183,3 +185,197 @@ def test_a_loader_idle_for_lack_of_shards_gets_no_proposal_that_adds_workers():
     # Idle for another cause (an uneven split): the other proposals are left to the rules.
     uneven = {**idle, "detail": {"cause": "uneven_split"}}
     assert _without_idle_workers([more, pin], {"findings": [uneven]}) == [more, pin]
+
+
+# ---- the model counts only the workers that can work (pure, over constructed measurements) ----
+def _one_of_four_serving(cpu_fraction: float, shards, load_ms: float = 40, **system_extra):
+    """4 workers of which 1 served (`load_ms` a batch, measured on it) against 10 ms of compute,
+    4 epochs whose first batch waits 300 ms (respawned workers): the loop waits load - 10 ms a step."""
+    from tests.test_diagnosis import loader, system
+    data = loader(steps=200, epochs=4, wait_ms=load_ms - 10, compute_ms=10, workers=4, first_wait_ms=300)
+    data.config["dataset_shards"] = shards
+    events = [{"loader": "train", "rank": 0,
+               "workers": [{"id": 0, "batches": 200}] + [{"id": i, "batches": 0} for i in (1, 2, 3)]}]
+    from starvewatch.monitor.analysis import summarize
+    return summarize({"id": "r", "name": "n"}, [data], worker_events=events,
+                     system=system(cpu_fraction=cpu_fraction, load_ms=load_ms, **system_extra))
+
+
+def test_predictions_and_evidence_count_the_one_worker_that_serves_not_the_four_configured():
+    s = _one_of_four_serving(0.1, shards=1)
+    [idle] = s["findings"]
+    assert (idle["detail"]["active_workers"], idle["detail"]["cause"]) == (1, "too_few_shards")
+    # Measured: (4 x 300 + 196 x 30) / 200 = 35.4 ms of wait + 10 of compute a step.
+    step = (4 * 300 + 196 * 30) / 200 + 10
+    # persistent_workers saves the 270 ms respawn 3 times in 4; the one serving worker still
+    # loads 40 ms a batch: max(10, 40 / 1) + 0.5 + 270 / 200 (over 4 workers: max(10, 40 / 4)..., 3.8x).
+    [persistent] = [r for r in s["recommendations"] if r["parameter"] == "persistent_workers"]
+    assert persistent["expected_speedup"] == pytest.approx(step / (40 + 0.5 + 270 / 200), rel=0.01)
+    # Resharding: all 4 serve, each epoch still respawns them: max(10, 40 / 4) + 0.5 + 4 x 270 / 200.
+    assert idle["detail"]["expected_speedup_resharded"] == pytest.approx(step / (10 + 0.5 + 4 * 270 / 200), rel=0.01)
+    [plan] = s["plans"]
+    assert plan["expected_speedup"] == pytest.approx(persistent["expected_speedup"], rel=0.01)
+    for r in s["recommendations"]:
+        assert (r["evidence"]["num_workers"], r["evidence"]["active_workers"]) == (4, 1)
+        assert not (r["parameter"] == "num_workers" and r["suggested"] > 4)
+
+
+def test_one_cpu_bound_worker_of_four_on_two_cores_is_not_oversubscribed():
+    """Only the serving worker loads (80 ms a batch): 0.9 of one core, not 4 x 0.9 of two.
+    Counting all four made the cores 'saturated': num_workers=2 against oversubscription, and
+    lighter transforms for '4 CPU-bound workers on 2 cores' predicted as if all four loaded."""
+    s = _one_of_four_serving(0.9, shards=1, load_ms=80)
+    assert s["verdict"]["limiting_factor"] == "input_bound_cpu"
+    [persistent] = s["recommendations"]
+    assert persistent["parameter"] == "persistent_workers" and "4 CPU-bound" not in persistent["reason"]
+    step = (4 * 300 + 196 * 70) / 200 + 10  # one worker: max(10, 80 / 1, 80 / 2 cores) + 0.5 + 270 / 200
+    assert persistent["expected_speedup"] == pytest.approx(step / (80 + 0.5 + 270 / 200), rel=0.01)
+
+
+def test_a_split_too_uneven_to_read_a_shard_count_gets_no_more_workers_either():
+    """A pure-torch IterableDataset (no shard count read): the idle_workers finding says
+    'uneven_split'; more workers would be predicted from the one that serves, which gains nothing."""
+    s = _one_of_four_serving(0.1, shards=None)
+    [idle] = s["findings"]
+    assert (idle["detail"]["cause"], "expected_speedup_resharded" in idle["detail"]) == ("uneven_split", False)
+    [persistent] = s["recommendations"]  # not num_workers
+    step = (4 * 300 + 196 * 30) / 200 + 10
+    assert persistent["expected_speedup"] == pytest.approx(step / (40 + 0.5 + 270 / 200), rel=0.01)
+
+
+def test_shared_memory_per_batch_is_measured_over_the_workers_that_filled_it():
+    """8 MiB of /dev/shm held by the one serving worker's 2 prefetched batches: 4 MiB a batch,
+    not 1 MiB (8 / (4 workers x 2)). Once resharded, all 4 fill it: 4 x 2 x 4 MiB do not fit a
+    16 MiB budget (20 MiB less 20%), 2 workers do (at 1 MiB a batch, 4 x 2 x 1 MiB fitted)."""
+    s = _one_of_four_serving(0.1, shards=1, shm_total_bytes=20 * 2**20, shm_used_min_bytes=0,
+                             shm_used_max_bytes=8 * 2**20)
+    [bound] = [r for r in s["recommendations"] if r["parameter"] == "num_workers"]
+    assert (bound["kind"], bound["suggested"], bound["evidence"]["batch_bytes"]) == ("protective", 2, 4 * 2**20)
+
+
+def test_waits_for_the_one_serving_worker_are_not_read_as_the_hand_over():
+    """With idle workers, the serving worker's batches arrive out of turn and the result queue
+    reads as holding a ready batch (queue_depth >= 1) while the loop waits for that worker: the
+    short waits are then still waits for it (40 - 10 ms), not a 30 ms hand-over per batch."""
+    loaders = {"train": {"worker_load_ms_mean": 40, "worker_cpu_fraction": 0.1, "queue_depth_mean": 1.5}}
+    s = _one_of_four_serving(0.1, shards=1, loaders=loaders)
+    [idle] = s["findings"]
+    step = (4 * 300 + 196 * 30) / 200 + 10
+    assert idle["detail"]["expected_speedup_resharded"] == pytest.approx(step / (10 + 0.5 + 4 * 270 / 200), rel=0.01)
+    [persistent] = s["recommendations"]
+    assert persistent["expected_speedup"] == pytest.approx(step / (40 + 0.5 + 270 / 200), rel=0.01)
+
+
+RANK_PROGRAM = __import__("pathlib").Path(__file__).parent / "programs" / "rank_shards.py"
+
+
+def test_a_rank_whose_loader_yields_nothing_or_a_tenth_is_named_from_real_processes(collector):
+    """Two jobs of two real ranks each (RANK/WORLD_SIZE and one STARVEWATCH_RUN_ID per job, as
+    a launcher sets them), every rank watched with 2 DataLoader workers and delivering to a real
+    collector; rank 1's IterableDataset yields nothing in one job and a tenth of rank 0's
+    batches in the other. Each stored run names rank 1 in its summary, its Markdown export and
+    the dashboard's findings card."""
+    import os
+    import subprocess
+    import sys
+    from starvewatch.dashboard import callbacks
+    from starvewatch.monitor.query import Query
+    from starvewatch.monitor.store import Store
+    from .test_dashboard_views import _text
+    server = collector()
+    procs = {}
+    for share in (0.0, 0.1):  # both jobs at once: their start-ups overlap
+        for rank in (0, 1):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                   "LOCAL_WORLD_SIZE": "2", "STARVEWATCH_RUN_ID": f"ranks-{share}", "STARVEWATCH_RUN_NAME": "ranks",
+                   "STARVEWATCH_URL": server.url, "SW_RANK1_SHARE": str(share), "OMP_NUM_THREADS": "1"}
+            # STARVEWATCH_DIR stays the collector's: a final flush that outlasts its 2 s deadline on a
+            # loaded host leaves the records in the spool there, and the collector's sweep stores them.
+            procs[share, rank] = subprocess.Popen([sys.executable, str(RANK_PROGRAM)], env=env, text=True,
+                                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    outputs = {key: p.communicate(timeout=120)[0] for key, p in procs.items()}
+    assert [p.returncode for p in procs.values()] == [0] * 4, outputs
+    for share in (0.0, 0.1):
+        batches = 3 if share else 0  # 9 samples: 5 and 4 for the two workers, in batches of 4
+        assert "rank 0 finished 24 batches" in outputs[share, 0], outputs
+        assert f"rank 1 finished {batches} batches" in outputs[share, 1], outputs
+        run_id = f"ranks-{share}"
+
+        seen = {}
+
+        def named():
+            seen["runs"] = [r for r in server.get("/api/v1/runs")["runs"] if r["id"] == run_id]
+            if not seen["runs"] or (seen["runs"][0]["status"], seen["runs"][0]["ranks"]) != ("finished", 2):
+                return None
+            summary = server.get(f"/api/v1/runs/{run_id}/summary")
+            seen["findings"], seen["system"] = summary["findings"], summary.get("system")
+            return [f for f in summary["findings"] if f["kind"] == "idle_workers"] or None
+        try:
+            [finding] = wait_until(named, timeout_s=60, what=f"both ranks of {run_id} stored and the idle rank found")
+        except AssertionError as exc:  # what the collector had, to tell delivery from judgement
+            raise AssertionError(f"{exc}: {seen}") from None
+        detail = finding["detail"]
+        assert (detail["idle_ranks"], detail["batches_per_rank"], detail["world_size"]) == \
+            ([1], {"0": 24, "1": batches}, 2)
+        assert (detail["rank"], detail["batches_per_worker"]) == (1, [2, 1] if share else [0, 0])
+        line = f"rank 1 of 'train' served {batches} batches against 24 on the busiest rank"
+        assert line in finding["title"]
+        status, report = server.request("GET", f"/api/v1/runs/{run_id}/export?format=md")
+        assert status == 200 and line in report.decode()
+        store = Store(server.directory / "starvewatch.db")
+        try:
+            view = callbacks.run_view(Query(store), run_id, None)
+        finally:
+            store.close()
+        assert line in _text(view["advice"])
+
+
+def test_the_finding_and_its_resharding_gain_reach_the_console_line_and_the_markdown_export():
+    from starvewatch.hooks.report import format_report
+    from starvewatch.monitor.export import to_markdown
+    s = _one_of_four_serving(0.1, shards=1)
+    [idle] = s["findings"]
+    gain = idle["detail"]["expected_speedup_resharded"]
+    assert f"Expected from resharding: {gain:.2f}x (all 4 workers serving at the 40.0 ms a batch the serving one measured)" \
+        in idle["fix"]
+    console = format_report(s)
+    assert "  !! train: [warning] 3 of 4 DataLoader workers of 'train' served no batches" in console
+    report = to_markdown(s)
+    assert "- **train** [warning] 3 of 4 DataLoader workers" in report
+    assert f"Expected from resharding: {gain:.2f}x" in report and "active workers 1;" in report
+
+
+def test_the_load_time_is_the_serving_workers_not_a_mean_over_a_worker_that_served_one_batch():
+    """Worker 0 served 190 batches at 40 ms; worker 1 served 10 at 200 ms (its shard's opening)
+    and then nothing: the load is 48 ms a batch (weighed by batches), not (40 + 200) / 2."""
+    from starvewatch.monitor.analysis import summarize
+    from tests.test_diagnosis import loader
+    data = loader(steps=200, epochs=4, wait_ms=38, compute_ms=10, workers=4, first_wait_ms=300)
+    data.config["dataset_shards"] = 1
+    counts = [(190, 40.0), (10, 200.0), (0, None), (0, None)]
+    workers = [{"id": i, "batches": b, "load_ms_mean": ms} for i, (b, ms) in enumerate(counts)]
+    system = {"cpu_count": 2, "cpu_pct_mean": 50.0, "gpu_samples": 0,
+              "loaders": {"train": {"worker_load_ms_mean": 120.0, "worker_cpu_fraction": 0.1, "workers": workers}}}
+    s = summarize({"id": "r", "name": "n"}, [data], system=system,
+                  worker_events=[{"loader": "train", "rank": 0, "workers": workers}])
+    [idle] = s["findings"]
+    assert (idle["detail"]["idle_workers"], idle["detail"]["active_workers"]) == ([1, 2, 3], 1)
+    [persistent] = s["recommendations"]
+    assert persistent["evidence"]["load_ms"] == pytest.approx(48.0)
+
+
+def test_a_rank_short_of_data_does_not_set_the_worker_count_of_every_rank():
+    """Rank 1's workers served 3 and 0 batches against rank 0's 12 and 12: the finding names
+    rank 1 (its worker 0 at 3 is not idle by rank 0's share); the loader's model, over both
+    ranks' steps, keeps its 2 workers."""
+    from starvewatch.monitor.diagnosis import _active_workers
+    from starvewatch.monitor.findings import idle_worker_findings
+    events = [{"loader": "train", "rank": 0, "workers": [{"id": 0, "batches": 12}, {"id": 1, "batches": 12}]},
+              {"loader": "train", "rank": 1, "workers": [{"id": 0, "batches": 3}, {"id": 1, "batches": 0}]}]
+    [found] = idle_worker_findings(events, {"train": {"num_workers": 2}}, {"train": 0.0}, world_size=2)
+    assert (found["detail"]["idle_ranks"], found["detail"]["active_workers"]) == ([1], 1)
+    assert _active_workers({"findings": [found]}) == {}
+    within = idle_worker_findings([events[0], {**events[0], "rank": 1, "workers": [{"id": 0, "batches": 12},
+                                                                                  {"id": 1, "batches": 0}]}],
+                                  {"train": {"num_workers": 2}}, {"train": 0.5}, world_size=2)
+    assert _active_workers({"findings": within}) == {"train": 1}

@@ -150,6 +150,54 @@ class FileShards(IterableDataset):
                 yield torch.full((self.size,), float(shard * self.per_shard + i))
 
 
+def _slow_sample(sample, sleep_s):
+    time.sleep(sleep_s)  # a read of the sample from remote storage
+    return torch.full((4,), float(sample["cls"]))
+
+
+@functools.cache
+def tar_shards(shards: int, samples: int) -> tuple[str, ...]:
+    """`samples` samples written as `shards` webdataset tar shards (sample n in shard n % shards),
+    once per harness run, removed at exit."""
+    import webdataset as wds
+    folder = tempfile.mkdtemp(prefix="starvewatch-shards-")
+    atexit.register(shutil.rmtree, folder, True)
+    urls = []
+    for shard in range(shards):
+        path = os.path.join(folder, f"shard-{shard:04d}.tar")
+        with wds.TarWriter(path) as sink:
+            for n in range(shard, samples, shards):
+                sink.write({"__key__": f"{n:06d}", "cls": n})
+        urls.append(path)
+    return tuple(urls)
+
+
+def tar_dataset(shards: int, samples: int, sleep_s: float):
+    """A webdataset over `shards` tar shards split among the workers by webdataset itself;
+    empty_check=False lets a worker without a shard start (and serve nothing)."""
+    import webdataset as wds
+    return wds.WebDataset(list(tar_shards(shards, samples)), shardshuffle=False, empty_check=False) \
+        .decode().map(functools.partial(_slow_sample, sleep_s=sleep_s))
+
+
+def _slow_row(row, sleep_s):
+    time.sleep(sleep_s)  # a read of the row from remote storage
+    return row
+
+
+def stack_x(rows):
+    return torch.stack([torch.as_tensor(row["x"], dtype=torch.float32) for row in rows])
+
+
+def hf_dataset(shards: int, samples: int, sleep_s: float):
+    """A Hugging Face `datasets` IterableDataset of `shards` shards (`to_iterable_dataset`'s
+    default is 1): datasets itself gives each worker whole shards and stops the workers left
+    without one."""
+    import datasets
+    table = datasets.Dataset.from_dict({"x": [[float(i)] * 4 for i in range(samples)]})
+    return table.to_iterable_dataset(num_shards=shards).map(functools.partial(_slow_row, sleep_s=sleep_s))
+
+
 class DiskReads(Dataset):
     """`n` items, each `chunks` random 1 MiB reads of a data file with O_DIRECT (past the page
     cache: every read goes to the device, as a dataset larger than RAM does); with `in_memory`,
@@ -270,6 +318,7 @@ class LoaderSpec:
     fixed_kwargs: dict | None = None              # ... and its DataLoader arguments, if they change
     batch_sampler: Callable[[Dataset], object] | None = None
     plain: bool = False                           # batches from a generator, not a DataLoader
+    resharded: Callable[[int], Dataset] | None = None  # the same data in n shards (idle_workers' fix)
 
 
 @dataclass
@@ -399,5 +448,18 @@ SCENARIOS = [
              {"train": LoaderSpec(lambda: FileShards(1, 384, sleep_s=0.004), {"batch_size": 8, "num_workers": 2},
                                   0.008)},
              # The finding says what to do (reshard, or fewer workers); no advice adds workers.
+             1, "high", "input_bound_io", None, expect_finding=("train", "idle_workers")),
+    # The shard count read from webdataset's URL list: the finding predicts resharding into
+    # num_workers shards, which the harness measures (the same samples in 4 shards).
+    Scenario("idle_workers_webdataset", "idle_workers",
+             "webdataset, 1 tar shard for 4 workers (empty_check=False), 4 ms reads: 3 workers get no shard",
+             {"train": LoaderSpec(lambda: tar_dataset(1, 768, 0.004), {"batch_size": 8, "num_workers": 4}, 0.008,
+                                  resharded=lambda n: tar_dataset(n, 768, 0.004))},
+             1, "high", "input_bound_io", None, expect_finding=("train", "idle_workers")),
+    Scenario("idle_workers_hf_datasets", "idle_workers",
+             "Hugging Face datasets, to_iterable_dataset() (1 shard) for 2 workers, 4 ms reads: datasets stops one",
+             {"train": LoaderSpec(lambda: hf_dataset(1, 768, 0.004),
+                                  {"batch_size": 8, "num_workers": 2, "collate_fn": stack_x}, 0.008,
+                                  resharded=lambda n: hf_dataset(n, 768, 0.004))},
              1, "high", "input_bound_io", None, expect_finding=("train", "idle_workers")),
 ]

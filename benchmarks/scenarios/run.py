@@ -1,6 +1,6 @@
 """Acceptance benchmark of the diagnosis: known scenarios, expected answers, measured fixes.
 
-    python -m benchmarks.scenarios.run [--only NAME ...] [--docs]
+    python -m benchmarks.scenarios.run [--only NAME ...] [--merge] [--docs]
 
 Per scenario (benchmarks/scenarios/cases.py), against expectations written down beforehand:
 - the verdict band, the limiting factor, and the top recommendation's loader, parameter and
@@ -11,10 +11,16 @@ Per scenario (benchmarks/scenarios/cases.py), against expectations written down 
   within 25% of its prediction; a set of protective changes must keep the throughput (1.0x
   within 25%). Advice that is not a DataLoader argument is measured on the scenario's "fixed"
   dataset. Only a healthy run may have nothing to measure.
+- an idle_workers finding's resharding (the scenario's `resharded` dataset: the same data in
+  as many shards as readers) is measured against its `expected_speedup_resharded` the same way,
+  and the resharded loader, diagnosed in its turn, must not be flagged (a healthy sharding).
 
-Writes benchmarks/results/scenarios.json (rows with `name`, `ok` and every figure, plus date,
-machine and torch version) and scenarios.md; --docs copies the table into the docs site's
-diagnosis page (docs/diagnosis.md, where the README's scenario table moved).
+Writes benchmarks/results/scenarios.json (rows with `name`, `ok` and every figure, the time
+and the 1-minute load average before and after each scenario, plus date, machine and torch
+version) and scenarios.md; a partial run (--only) writes them only with --merge, which replaces
+those rows (and adds new ones) in the last full run's results, each row keeping its own time.
+--docs copies the table into the docs site's diagnosis page (docs/diagnosis.md, where the
+README's scenario table moved).
 Exit status 1 when any scenario is off.
 """
 from __future__ import annotations
@@ -165,10 +171,17 @@ def _constructs(scenario, summary) -> bool:
     return True
 
 
-def _variant(scenario, base: dict, rec: dict | None, plan: dict | None):
-    """(configs, datasets) with one recommendation applied, or one loader's plan."""
+def _variant(scenario, base: dict, rec: dict | None, plan: dict | None, reshard: dict | None = None):
+    """(configs, datasets) with one recommendation applied, one loader's plan, or an
+    idle_workers finding's resharding (the same data in as many shards as readers)."""
     configs = {name: (dict(c) if c is not None else None) for name, c in base.items()}
     datasets = {}
+    if reshard is not None:
+        spec = scenario.loaders[reshard["loader"]]
+        if spec.resharded is None:
+            raise ValueError(f"{scenario.name}: no resharded variant of {reshard['loader']!r}")
+        datasets[reshard["loader"]] = spec.resharded(reshard["detail"]["readers"])
+        return configs, datasets
     if plan is not None:
         configs[plan["loader"]] = {**(configs[plan["loader"]] or {}), **plan["config"]}
         return configs, datasets
@@ -186,9 +199,9 @@ def _variant(scenario, base: dict, rec: dict | None, plan: dict | None):
     return configs, datasets
 
 
-def _measure(scenario, base, base_s, label, expected, loader, rec=None, plan=None) -> dict:
+def _measure(scenario, base, base_s, label, expected, loader, rec=None, plan=None, reshard=None) -> dict:
     try:
-        configs, datasets = _variant(scenario, base, rec, plan)
+        configs, datasets = _variant(scenario, base, rec, plan, reshard)
     except ValueError as exc:  # advice the scenario cannot apply: unmeasured, and so a failure
         return {"change": label, "loader": loader, "predicted": expected, "measured": None,
                 "error": str(exc), "ok": False}
@@ -253,6 +266,19 @@ def _run_scenario(scenario) -> dict:
                                                 and r["parameter"] in plan["changes"] for r in recs) else None
         label = "full set: " + ", ".join(f"{k}={v!r}" for k, v in plan["changes"].items())
         measurements.append(_measure(scenario, base, base_s, label, joint, plan["loader"], plan=plan))
+    # An idle_workers finding's resharding: measured against its prediction like any advice.
+    for finding in summary["findings"]:
+        predicted = finding["detail"].get("expected_speedup_resharded") if finding["kind"] == "idle_workers" else None
+        if predicted is not None:
+            label = f"reshard into {finding['detail']['readers']} shards"
+            measurements.append(_measure(scenario, base, base_s, label, predicted, finding["loader"],
+                                         reshard=finding))
+            # The resharded loader is the healthy sharding: diagnosed, it must not be flagged.
+            _, datasets = _variant(scenario, base, None, None, finding)
+            starvewatch.init(f"{scenario.name}-resharded")
+            _train(scenario, base, datasets, watch=True)
+            resharded = starvewatch.finish(quiet=True)
+            checks["resharded_not_flagged"] = not any(f["kind"] == "idle_workers" for f in resharded["findings"])
     checks["measured"] = bool(measurements) or scenario.expect_top is None and not recs
     checks["within_25pct"] = all(m["ok"] for m in measurements)
     return {"name": scenario.name, "rule": scenario.rule, "description": scenario.description,
@@ -267,9 +293,12 @@ def _run_scenario(scenario) -> dict:
             "measurements": measurements, "seconds_as_is": {k: round(v, 3) for k, v in base_s.items()}}
 
 
-def _fmt_rec(r, verdict: str) -> str:
+def _fmt_rec(r, verdict: str, finding=None) -> str:
     if r is None:
-        return "none (healthy)" if verdict == "not" else "**none**"
+        if verdict == "not":
+            return "none (healthy)"
+        # A starved run whose answer is a finding's fix (idle_workers: reshard), as expected.
+        return f"none: the {finding[1]} finding's fix" if finding and finding[1] != "stall" else "**none**"
     what = f"{r['parameter']}={r['suggested']!r} (was {r['current']!r})" if r["parameter"] else str(r["suggested"])
     return f"{r['loader']}: {what}"
 
@@ -287,13 +316,21 @@ def markdown(report: dict) -> str:
             meas = f"{m['measured']:.2f}x" if m and m["measured"] is not None else ("not applicable" if m else "—")
             name = r["name"] + (" (simulated: " + r["simulated"] + ")" if r["simulated"] else "")
             lead = (f"| {name} | {r['rule']} | {r['got']['verdict']}, {r['got']['limiting_factor']} | "
-                    f"{_fmt_rec(r['got']['top'], r['got']['verdict'])} |") if first else "| | | | |"
+                    f"{_fmt_rec(r['got']['top'], r['got']['verdict'], r['expected'].get('finding'))} |") if first else "| | | | |"
             mark = ("yes" if r["ok"] else "**NO**") if first else ("" if not m or m["ok"] else "**off**")
             lines.append(f"{lead} {m['change'] if m else 'nothing to measure'} | {pred} | {meas} | {mark} |")
             first = False
     passed = sum(1 for r in rows if r["ok"])
     off = [r["name"] for r in rows if not r["ok"]]
     lines += ["", f"{passed} of {len(rows)} scenarios as expected" + (f"; off: {', '.join(off)}" if off else "") + "."]
+    apart = [r for r in rows if r.get("measured_at") and r["measured_at"][:10] != report["date"][:10]]
+    if apart:  # rows merged in from a partial run (--merge)
+        lines += ["", "Measured apart from that run: " + ", ".join(
+            f"{r['name']} ({r['measured_at'][:16].replace('T', ' ')} UTC)" for r in apart) + "."]
+    loads = [r for r in rows if r.get("load_average")]
+    if loads:  # a shared host: how busy it was while each scenario ran
+        lines += ["", "Load average (1 min) before and after: " + ", ".join(
+            f"{r['name']} {r['load_average'][0]:.1f}–{r['load_average'][1]:.1f}" for r in loads) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -302,12 +339,24 @@ def _write_docs(table: str) -> None:
     write_readme_section(BEGIN, END, table, ROOT / "docs" / "diagnosis.md")
 
 
+def _merged(partial: dict, order: list[str]) -> dict:
+    """The last full run's results with the partial run's rows in place of (or beside) its own,
+    in the order of SCENARIOS; the header (date, machine) stays the full run's."""
+    full = json.loads((RESULTS / "scenarios.json").read_text())
+    rows = {r["name"]: r for r in full["rows"]}
+    rows.update({r["name"]: r for r in partial["rows"]})
+    return {**full, "rows": sorted(rows.values(), key=lambda r: order.index(r["name"]) if r["name"] in order
+                                   else len(order))}
+
+
 def main() -> int:
     import torch
 
     from benchmarks.scenarios.cases import SCENARIOS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", help="scenario names")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --only: replace those rows in the last full run's results")
     parser.add_argument("--docs", "--readme", action="store_true",
                         help="copy the table into docs/diagnosis.md (--readme: its former name)")
     args = parser.parse_args()
@@ -319,7 +368,10 @@ def main() -> int:
         if args.only and scenario.name not in args.only:
             continue
         t0 = time.perf_counter()
+        load_before = os.getloadavg()[0]
         row = run_scenario(scenario)
+        row["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        row["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
         rows.append(row)
         print(f"{row['name']}: ok={row['ok']} {row['checks']} got={row['got']} "
               f"measured={[(m['change'], m['predicted'], m['measured']) for m in row['measurements']]} "
@@ -329,8 +381,10 @@ def main() -> int:
                          f"{platform.system()} {platform.release()}",
               "torch": torch.__version__, "python": platform.python_version(), "rows": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if args.only and args.merge:
+        report = _merged(report, [s.name for s in SCENARIOS])
     table = markdown(report)
-    if not args.only:  # a partial run does not overwrite the full results
+    if not args.only or args.merge:  # a partial run alone does not overwrite the full results
         (RESULTS / "scenarios.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
         (RESULTS / "scenarios.md").write_text(table)
         if args.docs:

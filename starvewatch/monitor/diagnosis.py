@@ -112,6 +112,15 @@ def _applicable(proposals: list[dict], summary: dict) -> list[dict]:
     return [p for p in proposals if p["loader"] not in nodes or p.get("parameter") in NODES_PARAMETERS]
 
 
+def _active_workers(summary: dict) -> dict[str, int]:
+    """Per loader, the workers that can work where findings.idle_workers named idle ones within
+    the ranks. Not where ranks differ (`idle_ranks`: a rank far short of the others): its count
+    is that rank's, and the loader's figures are every rank's."""
+    return {f["loader"]: f["detail"]["active_workers"] for f in summary.get("findings") or []
+            if f.get("kind") == "idle_workers" and not f["detail"].get("idle_ranks")
+            and (f["detail"].get("active_workers") or 0) >= 1}
+
+
 def _predict_resharding(summary: dict, facts: dict[str, LoaderFacts]) -> None:
     """For workers idle for lack of shards: the speed-up of resharding (every configured worker
     serving), from the active workers' measured load time (the idle ones measured none)."""
@@ -120,7 +129,11 @@ def _predict_resharding(summary: dict, facts: dict[str, LoaderFacts]) -> None:
             continue
         f = facts.get(finding["loader"])
         if f is not None and f.workers and f.worker_load:
-            finding["detail"]["expected_speedup_resharded"] = round(speedup(f, f.config), 3)
+            gain = round(speedup(f, f.config, {"resharded": True}), 3)
+            finding["detail"]["expected_speedup_resharded"] = gain
+            finding["fix"] += (f" Expected from resharding: {gain:.2f}x (all {f.workers} workers serving at the "
+                               f"{f.load:.1f} ms a batch the serving one{'s' if f.active_workers > 1 else ''} "
+                               f"measured).")
 
 
 def _predict(recs: list[dict], facts: dict[str, LoaderFacts], t: Thresholds) -> list[dict]:
@@ -166,8 +179,9 @@ def diagnose(summary: dict, loaders, *, system=None, previous=None, run=None,
     t = thresholds
     by_name = {d.name: d for d in loaders}
     system = system or {}
-    facts = [LoaderFacts(part, by_name[part["name"]], system, run, t) for part in summary["loaders"]
-             if part["name"] in by_name and part["steps"] > 0]
+    active = _active_workers(summary)
+    facts = [LoaderFacts(part, by_name[part["name"]], system, run, t, active.get(part["name"]))
+             for part in summary["loaders"] if part["name"] in by_name and part["steps"] > 0]
     ctx = {"cuda": summary["verdict"].get("gpu_idle_fraction") is not None or bool(system.get("gpu_samples"))}
     starved = [f for f in facts if f.part["verdict"] in ("moderate", "high")]
     gpu_util = system.get("gpu_util_mean")

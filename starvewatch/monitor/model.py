@@ -68,11 +68,19 @@ def ranks_per_host(run: dict | None, ranks: list[int]) -> tuple[int, str]:
 class LoaderFacts:
     """The measurements one loader's rules rely on, in ms per batch."""
 
-    def __init__(self, part: dict, data, system: dict | None, run: dict | None, t: Thresholds) -> None:
+    def __init__(self, part: dict, data, system: dict | None, run: dict | None, t: Thresholds,
+                 active_workers: int | None = None) -> None:
         self.name = part["name"]
         self.part = part
         self.config = part.get("config") or {}
         self.workers = self.config.get("num_workers")
+        # The workers that can work (findings.idle_workers: the others served nothing, or under a
+        # quarter of their share: an IterableDataset with fewer shards than readers, or split
+        # unevenly). Every throughput term counts these; `workers` stays the configured value
+        # (each configured worker still starts and holds memory).
+        self.active_workers = min(self.workers, active_workers) \
+            if self.workers and active_workers is not None and active_workers >= 1 else self.workers
+        self.idle_workers = (self.workers or 0) - (self.active_workers or 0)
         self.steps = part["steps"]
         totals = data.totals
         steps = max(1, totals.steps)
@@ -100,25 +108,32 @@ class LoaderFacts:
         info = (self.system.get("loaders") or {}).get(self.name) or {}
         self.worker_info = info
         self.worker_load = info.get("worker_load_ms_mean")
+        if self.idle_workers:
+            # Each worker's mean weighed by its batches: a worker idle after a batch or two
+            # (its shard's opening in it) would otherwise weigh as much as the one serving.
+            served = [(w["batches"], w["load_ms_mean"]) for w in info.get("workers") or []
+                      if w.get("batches") and w.get("load_ms_mean") is not None]
+            if served:
+                self.worker_load = sum(b * ms for b, ms in served) / sum(b for b, _ in served)
         self.worker_cpu_fraction = info.get("worker_cpu_fraction")
         if not self.workers:  # loading on the training thread: the wait is the load
             self.load = self.steady_wait
         elif self.worker_load:
             self.load = self.worker_load
-        else:  # saturated workers deliver one batch per (step time / workers)
-            self.load = (self.workers or 1) * self.step
+        else:  # saturated workers deliver one batch per (step time / workers serving)
+            self.load = (self.active_workers or 1) * self.step
         # Machine-wide iowait this high means processes (the readers) are blocked on storage
         # with nothing else to run: the device is the limit, and more readers queue behind it.
         iowait = self.system.get("iowait_pct_mean")
         self.storage_bound = iowait is not None and iowait >= t.iowait_high_pct
         # The workers deliver a batch at least as fast as the loop consumes one.
-        self.workers_keep_up = bool(self.workers) and self.load / self.workers <= self.compute * 1.05
+        self.workers_keep_up = bool(self.workers) and self.load / self.active_workers <= self.compute * 1.05
         # Workers that never catch up fetch all the time: together they use fraction x workers
         # cores. When that is every usable core, loading is CPU work that saturates them however
         # thinly each worker's share is spread (6 spinning workers on 2 cores: 0.35 each).
         self.loading_saturates_cores = bool(self.workers) and not self.workers_keep_up \
             and self.worker_cpu_fraction is not None \
-            and self.worker_cpu_fraction * self.workers >= t.cpu_saturated_pct / 100 * self.cores
+            and self.worker_cpu_fraction * self.active_workers >= t.cpu_saturated_pct / 100 * self.cores
         # Inside a CPU quota the host's percentages say little (an idle 128-core host around a
         # throttled 8-CPU container): the cgroup's own use of its quota and its throttling do.
         quota_use, throttled = self.system.get("cgroup_cpu_pct_mean"), self.system.get("cgroup_throttled_pct_mean")
@@ -138,6 +153,11 @@ class LoaderFacts:
             # hand-over. Workers that do not: most waits are for a worker, and only the short
             # ones (a batch was ready) are the hand-over.
             low = (steady.quantile(0.1) or 0) / 1e6 if steady and steady.count else self.median_wait
+            # With idle workers, the serving one's batches arrive out of turn and read as ready
+            # while the loop still waits for that one worker: the hand-over is at most what the
+            # wait leaves beside the wait for the serving workers (load / serving - compute).
+            if self.idle_workers:
+                low = min(low, max(0.0, self.steady_wait - (self.load / self.active_workers - self.compute)))
             self.transfer = self.median_wait if self.workers_keep_up else max(t.worker_transfer_ms, low)
         else:
             self.transfer = t.worker_transfer_ms
@@ -198,6 +218,8 @@ class LoaderFacts:
         out = {"input_wait_fraction": self.part["input_wait_fraction"], "wait_ms": round(self.wait, 3),
                "compute_ms": round(self.compute, 3), "load_ms": round(self.load, 3),
                "num_workers": self.workers, "cores": self.cores, "ranks_per_host": self.ranks_per_host}
+        if self.idle_workers:
+            out["active_workers"] = self.active_workers
         if self.probe_cpu_fraction is not None:
             out["wait_cpu_fraction"] = round(self.probe_cpu_fraction, 3)
         if self.worker_cpu_fraction is not None:
@@ -209,7 +231,9 @@ class LoaderFacts:
 def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     """Predicted loop time per sample-equivalent batch (ms) under `config` (DataLoader
     arguments) and `what_if` (`load_scale`: loading cost kept; `batch_scale`: samples per
-    step; `handover_ms`: the main process's share of each batch). Divided by batch_scale, so ratios are per-sample speed-ups."""
+    step; `handover_ms`: the main process's share of each batch; `resharded`: every configured
+    worker serves, as after resharding into enough shards, else no more than the workers that
+    served do). Divided by batch_scale, so ratios are per-sample speed-ups."""
     what_if = what_if or {}
     scale = what_if.get("batch_scale", 1.0)
     before, after = f.config.get("batch_size"), config.get("batch_size")
@@ -220,10 +244,13 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     busy = f.gpu_busy_fraction if f.gpu_busy_fraction is not None else 1.0
     compute = f.compute * (busy * scale + (1 - busy))
     workers = config.get("num_workers") or 0
+    # Workers idle for lack of shards (or of data) stay idle under any num_workers: only the
+    # ones that served load.
+    serving = workers if not f.idle_workers or what_if.get("resharded") else min(workers, f.active_workers)
     if workers == 0:
         step = compute + load
     else:
-        step = max(compute, load / workers)
+        step = max(compute, load / serving)
         if f.cpu_busy:
             step = max(step, load / f.cores)  # the workers share the host's cores
         starts = 1 if config.get("persistent_workers") else f.epochs

@@ -77,13 +77,13 @@ def main_process_share(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
 def lighter_transforms(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     """CPU-bound loading with every usable core already loading: more workers cannot help;
     only less CPU work per batch does. Predicted as if the CPU part of loading left the host."""
-    if not f.workers or not f.cpu_busy or f.workers_keep_up or f.workers < f.cores:
+    if not f.workers or not f.cpu_busy or f.workers_keep_up or f.active_workers < f.cores:
         return []
     # The share of a fetch the transforms account for: its CPU time over its wall time; on a
     # saturated host the rest is waiting for a core, caused by the CPU work as well.
     cpu_share = 1.0 if f.cores_saturated or f.worker_cpu_fraction is None else f.worker_cpu_fraction
     return [proposal(f, None, "gpu_transforms",
-                     f"the transforms are the limit ({f.workers} CPU-bound workers on {f.cores} cores, "
+                     f"the transforms are the limit ({f.active_workers} CPU-bound workers on {f.cores} cores, "
                      f"{f.load:.1f} ms a batch): make them lighter, precompute them, or run them on the GPU "
                      f"(torchvision.transforms.v2 on CUDA tensors, NVIDIA DALI)",
                      f.evidence(cpu_pct=f.system.get("cpu_pct_mean")),
@@ -93,14 +93,14 @@ def lighter_transforms(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
 def cpu_oversubscribed(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     """More CPU-bound workers than cores on a saturated CPU (the host's, or the cores the
     workers fill themselves): they thrash and hold RAM."""
-    if not f.workers or not f.cpu_busy or f.workers <= f.cores or not f.cores_saturated:
+    if not f.workers or not f.cpu_busy or f.active_workers <= f.cores or not f.cores_saturated:
         return []
     host_pct = f.system.get("cpu_pct_mean")
     why = ([f"{host_pct:.0f}% busy"] if host_pct is not None else []) + \
-        ([f"the workers' loading alone uses {f.worker_cpu_fraction * f.workers:.1f} cores"]
+        ([f"the workers' loading alone uses {f.worker_cpu_fraction * f.active_workers:.1f} cores"]
          if f.loading_saturates_cores else [])
     return [proposal(f, "num_workers", f.cores,
-                     f"{f.workers} CPU-bound workers share {f.cores} cores on a saturated CPU ({', '.join(why)})",
+                     f"{f.active_workers} CPU-bound workers share {f.cores} cores on a saturated CPU ({', '.join(why)})",
                      f.evidence(cpu_pct=f.system.get("cpu_pct_mean")), kind="protective",
                      risk="workers beyond the cores thrash the CPU caches and each holds its own copy of the dataset")]
 
@@ -165,7 +165,9 @@ def memory_budget(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     prefetch = f.config.get("prefetch_factor") or 2
     per_worker = f.worker_info.get("worker_mem_bytes_max")
     shm_max, shm_min, shm_total = s.get("shm_used_max_bytes"), s.get("shm_used_min_bytes"), s.get("shm_total_bytes")
-    batch_bytes = (shm_max - shm_min) / (f.workers * prefetch) \
+    # Only the workers that serve fill /dev/shm with their prefetched batches; the plan below
+    # counts every configured worker (each would, once resharding gives it data).
+    batch_bytes = (shm_max - shm_min) / (f.active_workers * prefetch) \
         if shm_max is not None and shm_min is not None and shm_max > shm_min else None
     ram_budget = keep * (s["mem_available_min_bytes"] + f.workers * per_worker) \
         if per_worker and s.get("mem_available_min_bytes") is not None else None
