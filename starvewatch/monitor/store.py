@@ -18,7 +18,7 @@ import orjson
 from ..batch_parts import uncovered
 from ..private_files import FILE_MODE, make_private_dirs
 from ..stats import LoaderTotals, RecordStats
-from . import retention, run_rollups
+from . import retention, rollup_bands, run_rollups
 
 # 2: `seen` keeps record ranges [first, end) of each batch (batch_parts.py), not only (stream, seq);
 #    `rejected_files` counts the spool files that could not be ingested.
@@ -92,6 +92,7 @@ class Store:
         self._writer.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         self._writer.commit()
         retention.migrate(self._writer, self.path)
+        rollup_bands.migrate(self._writer)
         run_rollups.migrate(self._writer)
         self._local = threading.local()
         self._stats_cache: dict[tuple[str, str, str], RecordStats] = {}
@@ -269,6 +270,12 @@ class Store:
 
             wait_max = np.zeros(k, dtype=np.int64)
             np.maximum.at(wait_max, inverse, wait[sel])
+            wait_min = np.full(k, np.iinfo(np.int64).max)
+            np.minimum.at(wait_min, inverse, wait[sel])
+            compute_min = np.full(k, np.iinfo(np.int64).max)
+            np.minimum.at(compute_min, inverse, compute[sel])
+            compute_max = np.zeros(k, dtype=np.int64)
+            np.maximum.at(compute_max, inverse, compute[sel])
             e_min = np.full(k, np.iinfo(np.int64).max)
             np.minimum.at(e_min, inverse, epoch[sel])
             e_max = np.zeros(k, dtype=np.int64)
@@ -278,17 +285,20 @@ class Store:
                        total(other[sel]), total(size[sel]), total(gpu[sel]),
                        np.bincount(inverse, weights=gpu_known[sel], minlength=k).astype(np.int64),
                        wait_max, e_min, e_max)
+            bands = rollup_bands.stored(*(c.tolist() for c in (columns[1], wait_min, compute_min, compute_max)))
             w.executemany(
                 "INSERT INTO rollups (run_id, rank, loader, second, steps, wait_ns, compute_ns, other_ns, samples, "
-                "gpu_idle_ns, gpu_steps, wait_max_ns, epoch_min, epoch_max) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "gpu_idle_ns, gpu_steps, wait_max_ns, epoch_min, epoch_max, wait_min_ns, compute_min_ns, "
+                "compute_max_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT(run_id, loader, rank, second) DO UPDATE SET steps = steps + excluded.steps, "
                 "wait_ns = wait_ns + excluded.wait_ns, compute_ns = compute_ns + excluded.compute_ns, "
                 "other_ns = other_ns + excluded.other_ns, samples = samples + excluded.samples, "
                 "gpu_idle_ns = gpu_idle_ns + excluded.gpu_idle_ns, gpu_steps = gpu_steps + excluded.gpu_steps, "
                 "wait_max_ns = max(wait_max_ns, excluded.wait_max_ns), "
-                "epoch_min = min(epoch_min, excluded.epoch_min), epoch_max = max(epoch_max, excluded.epoch_max)",
-                [(rid, batch.rank, name, *row) for row in zip(*(c.tolist() for c in columns))])
+                "epoch_min = min(epoch_min, excluded.epoch_min), epoch_max = max(epoch_max, excluded.epoch_max), "
+                + rollup_bands.MERGE,
+                [(rid, batch.rank, name, *row, *band)
+                 for row, band in zip(zip(*(c.tolist() for c in columns)), bands)])
             # The same rows added into the rank-summed rollups (one rank per batch).
             ranks = run_rollups.rank_bit(batch.rank)
             w.executemany(
