@@ -29,6 +29,18 @@ def spiky_run(client):
         assert post(client, payload).status_code == 200
 
 
+def fold_to_window(store, window=2000):
+    """The storage budget's fold, budget lowered until only the run's raw window is left (each
+    fold stops at its own target)."""
+    store.retention.raw_window_steps = window
+    for _ in range(10):
+        store.retention.max_bytes = retention.file_bytes(store.path) // 2
+        store.retention.enforce_now()
+        if store.reader().execute("SELECT count(*) FROM steps").fetchone()[0] <= window:
+            return
+    raise AssertionError("the fold left more than the raw window")
+
+
 def band(series):
     """Per bucket: (first step, steps, wait min/max, compute min/max) exactly, means rounded."""
     return [(p["index"], p["count"], p["wait_ms"][0], p["wait_ms"][2], p["compute_ms"][0], p["compute_ms"][2],
@@ -67,12 +79,7 @@ def test_a_spike_and_a_dip_stay_in_the_band_raw_and_after_folding(tmp_path):
             assert_spike_and_dip_in_their_buckets(series)
         assert band(raw) == band(rolled_before)
 
-        store.retention.raw_window_steps = 2000
-        for _ in range(10):  # fold until only the raw window is left (each fold stops at its target)
-            store.retention.max_bytes = retention.file_bytes(store.path) // 2
-            store.retention.enforce_now()
-            if store.reader().execute("SELECT count(*) FROM steps").fetchone()[0] <= 2000:
-                break
+        fold_to_window(store)
         # The spike's and the dip's rows are gone from the raw steps: what shows them now is the rollups.
         left = store.reader().execute("SELECT count(*), max(wait_ns), min(compute_ns) FROM steps").fetchone()
         assert tuple(left) == (2000, 2_000_000, 8_000_000)
@@ -156,3 +163,35 @@ def test_a_database_from_before_the_band_columns_draws_its_rollups_at_their_mean
         with store._write_lock:
             assert store.retention.coarsen("old-run", 10) > 0
         assert sum(p["count"] for p in Query(store).step_series("old-run", "train", points=50)["points"]) == 3000
+
+
+def test_the_run_page_draws_the_bands_of_a_folded_run_in_chromium(collector, isolated_starvewatch):
+    from tests.test_dashboard_browser import CHROMIUM
+    from playwright.sync_api import sync_playwright
+    with app_client(isolated_starvewatch) as client:
+        spiky_run(client)
+        store = client.app.state.store
+        fold_to_window(store)
+        assert store.reader().execute("SELECT count(*) FROM steps WHERE wait_ns = 500000000").fetchone()[0] == 0
+    c = collector()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1600})
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(c.url + "/runs/run-a")
+            page.wait_for_selector("#timeline-graph .scatterlayer .trace", timeout=60_000)
+            traces = page.evaluate("""() => document.querySelector('#timeline-graph .js-plotly-plot').data
+                .map(t => ({name: t.name, fill: t.fill || null, top: Math.max(...t.y)}))""")
+            # The fills as drawn: an SVG path per band, with a shape.
+            fills = page.evaluate("""() => [...document.querySelectorAll('#timeline-graph path.js-fill')]
+                .map(p => (p.getAttribute('d') || '').length)""")
+        finally:
+            browser.close()
+    bands = {t["name"]: t for t in traces if t["fill"] == "tonexty"}
+    assert set(bands) == {"compute (min–max)", "data wait (min–max)"}
+    assert bands["data wait (min–max)"]["top"] == 500.0
+    assert next(t for t in traces if t["name"] == "data wait (mean)")["top"] < 10.0
+    assert len([d for d in fills if d > 10]) >= 2, fills
+    assert errors == []
