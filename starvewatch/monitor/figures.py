@@ -41,17 +41,18 @@ def step_timeline(series: dict, title: str = "Wait vs compute per step") -> go.F
     fig = go.Figure(layout=dict(title=_text(title), xaxis_title="step", yaxis_title="ms", **LAYOUT))
     banded = any(p["count"] > 1 for p in points)  # one step per bucket: min = mean = max
     for part, label, color in (("compute_ms", "compute", COMPUTE_COLOR), ("wait_ms", "data wait", WAIT_COLOR)):
+        fig.add_trace(go.Scatter(x=x, y=[p[part][1] for p in points], name=f"{label} (mean)", legendgroup=part,
+                                 line=dict(color=color)))
         if banded:
             low = [p[part][0] for p in points]
-            # The band: its lower edge, then the upper edge filled down to it ("tonexty").
+            # The band: its lower edge, then the upper edge filled down to it ("tonexty": to the
+            # trace just before). Both edges are drawn thin, so each is a visible trace.
             fig.add_trace(go.Scatter(x=x, y=low, name=f"{label} (min)", legendgroup=part, showlegend=False,
-                                     line=dict(color=color, width=0), hoverinfo="skip"))
+                                     line=dict(color=color, width=0.5), hoverinfo="skip"))
             fig.add_trace(go.Scatter(x=x, y=[p[part][2] for p in points], name=f"{label} (min–max)",
                                      legendgroup=part, fill="tonexty", fillcolor=_translucent(color),
                                      line=dict(color=color, width=0.5), customdata=low,
                                      hovertemplate=f"{label}: %{{customdata:.3g}}–%{{y:.3g}} ms<extra></extra>"))
-        fig.add_trace(go.Scatter(x=x, y=[p[part][1] for p in points], name=f"{label} (mean)", legendgroup=part,
-                                 line=dict(color=color)))
     for epoch in series.get("epochs", []):
         fig.add_vline(x=epoch["index"], line=dict(color="#999", dash="dash", width=1))
     return fig
