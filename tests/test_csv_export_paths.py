@@ -96,3 +96,25 @@ def test_chunks_split_anywhere_are_written_whole_and_rows_counted_by_a_csv_reade
     out = io.StringIO(newline="")
     assert write_csv_chunks([data[i:i + 1] for i in range(len(data))], out) == 3 and out.getvalue() == text
     assert write_csv_chunks([], io.StringIO()) == 0
+
+
+def test_offline_export_of_a_database_from_the_previous_version(tmp_path):
+    """The offline export reads a private copy of the database: the copy gets every migration
+    the collector would run (it once got only the storage budget's, and failed on a missing
+    table)."""
+    import json
+    import shutil
+    from pathlib import Path
+    db = tmp_path / "old.db"
+    data = Path(__file__).parent / "data"
+    shutil.copy(data / "main-schema-v1.db", db)
+    pristine = db.read_bytes()
+    expected = json.loads((data / "main-schema-v1.summary.json").read_text())["summary"]
+    printed, _ = cli_bytes("export", "old-run", "-f", "csv", "--db", str(db), url="http://127.0.0.1:9")
+    rows = list(csv.DictReader(io.StringIO(printed.decode("utf-8"), newline="")))
+    assert len(rows) == 6000 and {row["kind"] for row in rows} == {"step"}
+    summary = json.loads(cli_bytes("export", "old-run", "-f", "json", "--db", str(db), url="http://127.0.0.1:9")[0])
+    assert summary["loaders"] == expected["loaders"] and summary["verdict"] == expected["verdict"]
+    report, _ = cli_bytes("export", "old-run", "-f", "html", "--db", str(db), url="http://127.0.0.1:9")
+    assert b"wait vs compute per step" in report
+    assert db.read_bytes() == pristine  # the user's file is left as it was

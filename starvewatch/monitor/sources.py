@@ -34,10 +34,7 @@ class LocalSource:
                 source.backup(store._writer)
             source.close()
             store._stats_cache.clear()
-            from .retention import migrate
-            migrate(store._writer, store.path, vacuum=False)  # a copy of an older database
-            from .rollup_bands import migrate as add_band_columns
-            add_band_columns(store._writer)
+            store.migrate_schema(vacuum=False)  # a copy of an older database: every migration
         spool = Path(spool) if spool else (Path(directory) / "spool" if directory else None)
         if spool is not None and spool.is_dir():
             SpoolImporter(store, spool, delete=False, set_aside=False).scan()

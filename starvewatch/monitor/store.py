@@ -87,13 +87,7 @@ class Store:
         self._write_lock = threading.RLock()
         retention.prepare_new_file(self.path)
         self._writer = self._connect()
-        self._writer.executescript(DDL)
-        self._migrate(self._writer)
-        self._writer.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        self._writer.commit()
-        retention.migrate(self._writer, self.path)
-        rollup_bands.migrate(self._writer)
-        run_rollups.migrate(self._writer)
+        self.migrate_schema()
         self._local = threading.local()
         self._stats_cache: dict[tuple[str, str, str], RecordStats] = {}
         self.ingested_records = 0
@@ -102,6 +96,17 @@ class Store:
         self.version = 0
         self.deletions = 0  # a deletion is never answered from a stale cache
         self.retention = retention.Retention(self, max_db_bytes)
+
+    def migrate_schema(self, vacuum: bool = True) -> None:
+        """Bring the file to this version's schema (at open; and for a copy of an older database
+        restored into this store: sources.LocalSource.offline, vacuum=False)."""
+        self._writer.executescript(DDL)
+        self._migrate(self._writer)
+        self._writer.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        self._writer.commit()
+        retention.migrate(self._writer, self.path, vacuum=vacuum)
+        rollup_bands.migrate(self._writer)
+        run_rollups.migrate(self._writer)
 
     @staticmethod
     def _migrate(w: sqlite3.Connection) -> None:
