@@ -182,8 +182,9 @@ def test_the_run_page_draws_the_bands_of_a_folded_run_in_chromium(collector, iso
             page.on("pageerror", lambda e: errors.append(str(e)))
             page.goto(c.url + "/runs/run-a")
             page.wait_for_selector("#timeline-graph path.js-fill", timeout=60_000, state="attached")
-            traces = page.evaluate("""() => document.querySelector('#timeline-graph .js-plotly-plot').data
-                .map(t => ({name: t.name, fill: t.fill || null, top: Math.max(...t.y)}))""")
+            # As plotly.js holds them (_fullData: the arrays decoded from the binary the server sent).
+            traces = page.evaluate("""() => document.querySelector('#timeline-graph .js-plotly-plot')._fullData
+                .map(t => ({name: t.name, fill: t.fill, top: Math.max(...t.y)}))""")
             # The fills as drawn: an SVG path per band, with a shape.
             fills = page.evaluate("""() => [...document.querySelectorAll('#timeline-graph path.js-fill')]
                 .map(p => (p.getAttribute('d') || '').length)""")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 
+import numpy as np
 import plotly.graph_objects as go
 
 WAIT_COLOR = "#d9534f"
@@ -37,19 +38,20 @@ def step_timeline(series: dict, title: str = "Wait vs compute per step") -> go.F
     points = series.get("points") or []
     if not points:
         return _empty(title)
-    x = [p["index"] for p in points]
+    # numpy arrays: plotly validates them at once and sends them as binary (a third smaller,
+    # several times faster to build than lists of 1,000 numbers per trace).
+    x = np.fromiter((p["index"] for p in points), dtype=np.int64, count=len(points))
     fig = go.Figure(layout=dict(title=_text(title), xaxis_title="step", yaxis_title="ms", **LAYOUT))
     banded = any(p["count"] > 1 for p in points)  # one step per bucket: min = mean = max
     for part, label, color in (("compute_ms", "compute", COMPUTE_COLOR), ("wait_ms", "data wait", WAIT_COLOR)):
-        fig.add_trace(go.Scatter(x=x, y=[p[part][1] for p in points], name=f"{label} (mean)", legendgroup=part,
-                                 line=dict(color=color)))
+        low, mean, high = np.array([p[part] for p in points], dtype=np.float64).T
+        fig.add_trace(go.Scatter(x=x, y=mean, name=f"{label} (mean)", legendgroup=part, line=dict(color=color)))
         if banded:
-            low = [p[part][0] for p in points]
             # The band: its lower edge, then the upper edge filled down to it ("tonexty": to the
             # trace just before). Both edges are drawn thin, so each is a visible trace.
             fig.add_trace(go.Scatter(x=x, y=low, name=f"{label} (min)", legendgroup=part, showlegend=False,
                                      line=dict(color=color, width=0.5), hoverinfo="skip"))
-            fig.add_trace(go.Scatter(x=x, y=[p[part][2] for p in points], name=f"{label} (min–max)",
+            fig.add_trace(go.Scatter(x=x, y=high, name=f"{label} (min–max)",
                                      legendgroup=part, fill="tonexty", fillcolor=_translucent(color),
                                      line=dict(color=color, width=0.5), customdata=low,
                                      hovertemplate=f"{label}: %{{customdata:.3g}}–%{{y:.3g}} ms<extra></extra>"))
