@@ -182,11 +182,7 @@ class RemoteSource:
         try:
             response = self.client.delete(f"/api/v1/runs/{url_segment(run_id)}")
         except httpx.HTTPError as exc:
-            if _certificate_refused(exc):
-                raise CertificateRefused(
-                    f"the collector at {self.url} has a certificate this machine does not trust ({exc}); "
-                    f"for a self-signed one, set STARVEWATCH_CA_FILE to its PEM file") from None
-            raise SourceError(f"cannot reach the collector at {self.url}: {exc}") from None
+            raise self._unreachable(exc) from None
         if response.status_code == 404:
             raise SourceError(f"unknown run {run_id!r}")
         response.raise_for_status()
