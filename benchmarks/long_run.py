@@ -123,7 +123,9 @@ def page_time(url: str, timeout_s: float = 180.0) -> float:
             t0 = time.perf_counter()
             page.goto(url)
             page.wait_for_selector("#kpi-steps .value")
-            page.wait_for_selector("#timeline-graph .scatterlayer .trace")
+            # Drawn, not "visible": Playwright calls a flat line's trace (steady data) invisible,
+            # its bounding box having no height.
+            page.wait_for_selector("#timeline-graph .scatterlayer .trace", state="attached")
             best = min(best, time.perf_counter() - t0)
         browser.close()
     return best
@@ -261,13 +263,13 @@ def steady_state(tmp: Path, args, record: dict) -> None:
         w.execute("WITH RECURSIVE i(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM i WHERE n + 1 < ?), "
                   "r(rank) AS (SELECT 0 UNION ALL SELECT rank + 1 FROM r WHERE rank + 1 < ?) "
                   "INSERT INTO rollups SELECT 'long-job', rank, 'train', ? + n * 60, 600, 600 * ?, 600 * ?, 0, "
-                  "600 * 64, 0, 0, 4000000, 0, 0, 60 FROM i, r",
-                  (minute_rows, args.ranks, start_s, WAIT_NS, COMPUTE_NS))
+                  "600 * 64, 0, 0, 4000000, 0, 0, 60, ?, ?, ? FROM i, r",  # then wait min, compute min, max
+                  (minute_rows, args.ranks, start_s, WAIT_NS, COMPUTE_NS, WAIT_NS, COMPUTE_NS, COMPUTE_NS))
         w.execute("WITH RECURSIVE i(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM i WHERE n + 1 < ?), "
                   "r(rank) AS (SELECT 0 UNION ALL SELECT rank + 1 FROM r WHERE rank + 1 < ?) "
                   "INSERT INTO rollups SELECT 'long-job', rank, 'train', ? + n, 10, 10 * ?, 10 * ?, 0, "
-                  "640, 0, 0, 4000000, 0, 0, 1 FROM i, r",
-                  (recent_s, args.ranks, end_s - recent_s, WAIT_NS, COMPUTE_NS))
+                  "640, 0, 0, 4000000, 0, 0, 1, ?, ?, ? FROM i, r",
+                  (recent_s, args.ranks, end_s - recent_s, WAIT_NS, COMPUTE_NS, WAIT_NS, COMPUTE_NS, COMPUTE_NS))
         # The same rows summed over ranks (run_rollups.py), as ingest and folding keep them.
         all_ranks = ((1 << args.ranks) - 1).to_bytes((args.ranks + 7) // 8, "little")
         w.execute("DELETE FROM run_rollups")

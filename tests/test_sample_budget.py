@@ -151,8 +151,9 @@ def test_a_schema_3_database_opens_migrates_and_folds_its_samples(tmp_path, shor
     with app_client(tmp_path) as client:
         store = client.app.state.store
         w = store._writer
-        assert w.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "4"
+        assert w.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "5"
         assert "span_s" in {r[1] for r in w.execute("PRAGMA table_info(events)")}
+        assert {"wait_min_ns", "compute_min_ns", "compute_max_ns"} <= {r[1] for r in w.execute("PRAGMA table_info(rollups)")}
         assert event_rows(store, "span_s = 0") == event_rows(store) == 2160
         assert client.get("/api/v1/runs/old-run/summary").json() == expected
         with store._write_lock:

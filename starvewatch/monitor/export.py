@@ -1,6 +1,7 @@
 """Run summaries as JSON, CSV, Markdown and one self-contained HTML file (opens offline)."""
 from __future__ import annotations
 
+import codecs
 import csv
 import html
 import io
@@ -32,25 +33,6 @@ def csv_cell(value):
 
 def to_json(summary: dict) -> str:
     return json.dumps(summary, indent=2, sort_keys=False, default=str) + "\n"
-
-
-def _csv_row(run_id: str, s: dict) -> tuple:
-    gpu = s.get("gpu_idle_ns")
-    return (csv_cell(run_id), s["rank"], csv_cell(s["loader"]), s["epoch"], s["step"], s["start_ns"],
-            s["wait_ns"] / 1e6, s["compute_ns"] / 1e6, s["other_ns"] / 1e6,
-            "" if gpu is None else gpu / 1e6, "" if s.get("batch_size") is None else s["batch_size"],
-            s.get("kind", "step"), s.get("bucket_s") or "", s.get("bucket_steps") or "")
-
-
-def write_csv(run_id: str, steps, out) -> int:
-    """One row per recorded step; rows + dropped records = steps. Returns the row count."""
-    writer = csv.writer(out)
-    writer.writerow(CSV_COLUMNS)
-    rows = 0
-    for s in steps:
-        writer.writerow(_csv_row(run_id, s))
-        rows += 1
-    return rows
 
 
 def csv_chunks(run_id: str, row_batches):
@@ -336,10 +318,34 @@ def render_html(summary: dict, step_series: dict[str, dict], series: dict, sampl
             f"<h2>Charts</h2>{charts}</body></html>")
 
 
+def write_csv_chunks(chunks, out) -> int:
+    """Write the CSV export's UTF-8 chunks (csv_chunks, from this process or a collector) to a
+    text stream; returns the data rows written, counted by a CSV reader (a quoted cell may hold
+    a line break)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    pending = [""]  # the text after the last line break, until its line is complete
+
+    def lines():
+        for chunk in chunks:
+            text = decoder.decode(chunk)
+            out.write(text)
+            parts = (pending[0] + text).split("\n")
+            pending[0] = parts.pop()
+            yield from (part + "\n" for part in parts)
+        rest = decoder.decode(b"", final=True)
+        out.write(rest)
+        if pending[0] + rest:
+            yield pending[0] + rest
+
+    return max(0, sum(1 for _ in csv.reader(lines())) - 1)  # less the header
+
+
 def export(source, run_id: str, fmt: str, out) -> int | None:
-    """Write one run in `fmt` to a text stream; returns the CSV row count for csv."""
+    """Write one run in `fmt` to a text stream; returns the CSV row count for csv. The CSV is
+    the collector's own (`source.csv_chunks`: its API's bytes, or the same function here
+    offline), rolled-up spans as marked buckets."""
     if fmt == "csv":
-        return write_csv(run_id, source.steps(run_id), out)
+        return write_csv_chunks(source.csv_chunks(run_id), out)
     summary = source.summary(run_id)
     if fmt == "json":
         out.write(to_json(summary))

@@ -9,6 +9,7 @@ import time
 import orjson
 
 from .analysis import iso, summarize
+from . import rollup_bands
 from .retention import RAW_WINDOW_STEPS, recent_notes, rolled_spans, samples_rolled
 from .store import Store
 from .tuning import with_tuning
@@ -390,8 +391,13 @@ class Query:
 
     @cached(per_run=True, max_age_s=None)
     def step_series(self, run_id: str, loader: str, rank: int = 0, points: int = 1000) -> dict:
-        """Wait and compute per step, downsampled to at most `points` min/mean/max buckets.
-        Long runs are drawn from the per-second rollups, so a 1M-step run never scans its rows."""
+        """Wait and compute per bucket of time, at most `points` buckets: [min, mean, max] of
+        each (the chart draws min-max bands, so one slow or fast step shows at any length).
+        Long runs and folded ones are drawn from the per-second rollups, which keep each
+        second's extremes (rollup_bands.py), so a 1M-step run never scans its rows. Drawn from
+        raw rows, a run longer than `points` seconds gets the rollups' own whole-second buckets:
+        the chart is the same before and after its rows are folded; a shorter one gets
+        sub-second buckets (the rollups' resolution is one second)."""
         self._row(run_id)
         db = self.store.reader()
         total = db.execute("SELECT sum(steps) FROM rollups WHERE run_id = ? AND loader = ? AND rank = ?",
@@ -399,58 +405,48 @@ class Query:
         folded = db.execute("SELECT 1 FROM rolled_spans WHERE run_id = ? AND rank = ?", (run_id, rank)).fetchone()
         if total > self.RAW_STEP_SERIES_MAX or folded:
             return self._step_series_from_rollups(run_id, loader, rank, points)
+        return self._step_series_from_steps(run_id, loader, rank, points)
+
+    def _step_series_from_steps(self, run_id: str, loader: str, rank: int, points: int) -> dict:
+        db = self.store.reader()
         span = self.store.step_range(run_id)
-        lo, hi, n = db.execute("SELECT min(rowid), max(rowid), count(*) FROM steps WHERE rowid BETWEEN ? AND ? "
-                               "AND run_id = ? AND loader = ? AND rank = ?",
-                               (*(span or (0, -1)), run_id, loader, rank)).fetchone()
+        where = "rowid BETWEEN ? AND ? AND run_id = ? AND loader = ? AND rank = ?"
+        args = (*(span or (0, -1)), run_id, loader, rank)
+        lo_ns, hi_ns, n = db.execute(f"SELECT min(start_ns), max(start_ns), count(*) FROM steps WHERE {where}",
+                                     args).fetchone()
         if not n:
-            return {"bucket_steps": None, "points": [], "epochs": []}
-        width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
+            return {"bucket_steps": None, "points": [], "epochs": [], "source": "steps"}
+        lo_s, hi_s = lo_ns // 1_000_000_000, hi_ns // 1_000_000_000
+        if hi_s - lo_s + 1 > points:  # whole seconds, bucketed as _step_series_from_rollups does
+            origin, width_ns = lo_s * 1_000_000_000, _bucket_width(lo_s, hi_s, points) * 1_000_000_000
+        else:
+            origin, width_ns = lo_ns, _bucket_width(lo_ns, hi_ns, points)
         rows = db.execute(
-            "SELECT (rowid - ?) / ? AS b, min(start_ns), count(*), min(epoch), max(epoch), "
+            "SELECT (start_ns - ?) / ? AS b, min(start_ns), count(*), min(epoch), max(epoch), "
             "min(wait_ns), avg(wait_ns), max(wait_ns), min(compute_ns), avg(compute_ns), max(compute_ns) "
-            "FROM steps WHERE rowid BETWEEN ? AND ? AND run_id = ? AND loader = ? AND rank = ? "
-            "GROUP BY b ORDER BY b", (lo, width, lo, hi, run_id, loader, rank)).fetchall()
-        out, epochs, index = [], [], 0
-        last_epoch = None
-        for _, start, count, e_min, e_max, wmin, wavg, wmax, cmin, cavg, cmax in rows:
-            if e_max != last_epoch:
-                if last_epoch is None or e_min != last_epoch:
-                    epochs.append({"epoch": e_min, "index": index})
-                if e_max != e_min:
-                    epochs.append({"epoch": e_max, "index": index + count // 2})
-                last_epoch = e_max
-            out.append({"index": index, "start_ns": start, "count": count,
-                        "wait_ms": [wmin / 1e6, wavg / 1e6, wmax / 1e6],
-                        "compute_ms": [cmin / 1e6, cavg / 1e6, cmax / 1e6]})
-            index += count
-        return {"bucket_steps": width, "points": out, "epochs": epochs}
+            f"FROM steps WHERE {where} GROUP BY b ORDER BY b", (origin, width_ns, *args)).fetchall()
+        return _step_points(((start, count, e_min, e_max, (wmin, wavg, wmax), (cmin, cavg, cmax))
+                             for _, start, count, e_min, e_max, wmin, wavg, wmax, cmin, cavg, cmax in rows),
+                            width_ns / 1e9, "steps")
 
     def _step_series_from_rollups(self, run_id: str, loader: str, rank: int, points: int) -> dict:
         db = self.store.reader()
         lo, hi = db.execute("SELECT min(second), max(second) FROM rollups WHERE run_id = ? AND loader = ? "
                             "AND rank = ?", (run_id, loader, rank)).fetchone()
-        width = max(1, math.ceil((hi - lo + 1) / max(1, points)))
+        if lo is None:  # a folded rank that never ran this loader
+            return {"bucket_steps": None, "points": [], "epochs": [], "source": "rollups"}
+        width = _bucket_width(lo, hi, points)
+        wait_min_sql, compute_min_sql, compute_max_sql = rollup_bands.VALUES
         rows = db.execute(
             "SELECT (second - ?) / ? AS b, min(second), sum(steps), sum(wait_ns), sum(compute_ns), "
-            "max(wait_max_ns), min(epoch_min), max(epoch_max) FROM rollups "
+            f"min({wait_min_sql}), max(wait_max_ns), min({compute_min_sql}), max({compute_max_sql}), "
+            "min(epoch_min), max(epoch_max) FROM rollups "
             "WHERE run_id = ? AND loader = ? AND rank = ? GROUP BY b ORDER BY b",
             (lo, width, run_id, loader, rank)).fetchall()
-        out, epochs, index, last_epoch = [], [], 0, None
-        for _, second, count, wait, compute, wait_max, e_min, e_max in rows:
-            if last_epoch is None or e_max != last_epoch:
-                if last_epoch is None or e_min != last_epoch:
-                    epochs.append({"epoch": e_min, "index": index})
-                if e_max != e_min:
-                    epochs.append({"epoch": e_max, "index": index + count // 2})
-                last_epoch = e_max
-            wait_mean, compute_mean = wait / count / 1e6, compute / count / 1e6
-            out.append({"index": index, "start_ns": second * 1_000_000_000, "count": count,
-                        "wait_ms": [wait_mean, wait_mean, wait_max / 1e6],
-                        "compute_ms": [compute_mean, compute_mean, compute_mean]})
-            index += count
-        return {"bucket_steps": max(1, index // max(1, len(out))), "points": out, "epochs": epochs,
-                "source": "rollups"}
+        return _step_points(((second * 1_000_000_000, count, e_min, e_max, (wait_min, wait / count, wait_max),
+                              (compute_min, compute / count, compute_max))
+                             for _, second, count, wait, compute, wait_min, wait_max, compute_min, compute_max,
+                             e_min, e_max in rows), width, "rollups")
 
     @cached(per_run=True, max_age_s=None)
     def events(self, run_id: str, kind: str, since_ns: int = 0, limit: int = 5000,
@@ -465,6 +461,30 @@ class Query:
         if newest:
             rows.reverse()
         return [{"rank": r[0], **orjson.loads(r[1])} for r in rows]
+
+
+def _bucket_width(lo: int, hi: int, points: int) -> int:
+    """The width that cuts [lo, hi] into at most `points` buckets."""
+    return max(1, math.ceil((hi - lo + 1) / max(1, points)))
+
+
+def _step_points(buckets, bucket_s: float, source: str) -> dict:
+    """Query.step_series' answer from (start_ns, steps, epoch_min, epoch_max, (wait min, mean,
+    max), (compute min, mean, max)) per bucket, in ns: x is the index of a bucket's first step;
+    epochs are marked where they start."""
+    out, epochs, index, last_epoch = [], [], 0, None
+    for start_ns, count, e_min, e_max, wait, compute in buckets:
+        if last_epoch is None or e_max != last_epoch:
+            if last_epoch is None or e_min != last_epoch:
+                epochs.append({"epoch": e_min, "index": index})
+            if e_max != e_min:
+                epochs.append({"epoch": e_max, "index": index + count // 2})
+            last_epoch = e_max
+        out.append({"index": index, "start_ns": start_ns, "count": count,
+                    "wait_ms": [v / 1e6 for v in wait], "compute_ms": [v / 1e6 for v in compute]})
+        index += count
+    return {"bucket_steps": max(1, index // max(1, len(out))), "bucket_s": bucket_s, "points": out,
+            "epochs": epochs, "source": source}
 
 
 def stream_account(stream_row) -> dict | None:

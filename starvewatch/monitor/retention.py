@@ -36,7 +36,7 @@ import sqlite3
 import orjson
 
 from ..logonce import RateLimitedLog
-from . import run_rollups, sample_rollups
+from . import rollup_bands, run_rollups, sample_rollups
 
 log = logging.getLogger("starvewatch.retention")
 _errors = RateLimitedLog(log)
@@ -379,7 +379,7 @@ class Retention:
             w.execute("DELETE FROM temp.coarse")
             w.execute("INSERT INTO temp.coarse SELECT run_id, rank, loader, second / ? * ?, sum(steps), sum(wait_ns), "
                       "sum(compute_ns), sum(other_ns), sum(samples), sum(gpu_idle_ns), sum(gpu_steps), "
-                      "max(wait_max_ns), min(epoch_min), max(epoch_max), ? FROM rollups "
+                      "max(wait_max_ns), min(epoch_min), max(epoch_max), ?, " + rollup_bands.AGGREGATES + " FROM rollups "
                       "WHERE run_id = ? AND span_s < ? AND second < ? GROUP BY rank, loader, second / ?",
                       (width_s, width_s, width_s, run_id, width_s, cut, width_s))
             merged = w.execute("DELETE FROM rollups WHERE run_id = ? AND span_s < ? AND second < ?",
@@ -391,7 +391,7 @@ class Retention:
                       "gpu_idle_ns = gpu_idle_ns + excluded.gpu_idle_ns, gpu_steps = gpu_steps + excluded.gpu_steps, "
                       "wait_max_ns = max(wait_max_ns, excluded.wait_max_ns), "
                       "epoch_min = min(epoch_min, excluded.epoch_min), epoch_max = max(epoch_max, excluded.epoch_max), "
-                      "span_s = max(span_s, excluded.span_s)")
+                      "span_s = max(span_s, excluded.span_s), " + rollup_bands.MERGE)
             run_rollups.coarsen(w, run_id, width_s, cut)
             w.execute("COMMIT")
         except BaseException:

@@ -34,8 +34,7 @@ class LocalSource:
                 source.backup(store._writer)
             source.close()
             store._stats_cache.clear()
-            from .retention import migrate
-            migrate(store._writer, store.path, vacuum=False)  # a copy of an older database
+            store.migrate_schema(vacuum=False)  # a copy of an older database: every migration
         spool = Path(spool) if spool else (Path(directory) / "spool" if directory else None)
         if spool is not None and spool.is_dir():
             SpoolImporter(store, spool, delete=False, set_aside=False).scan()
@@ -50,13 +49,13 @@ class LocalSource:
     def detail(self, run_id: str) -> dict:
         return self._call(self.query.detail, run_id)
 
-    def steps(self, run_id: str):
-        """Every step as a dict, rolled-up spans as their marked buckets (retention.export_rows)."""
-        from .retention import EXPORT_ROW_KEYS, export_rows
+    def csv_chunks(self, run_id: str):
+        """The CSV export as UTF-8 chunks: the collector's API route streams the same function
+        (every step, rolled-up spans as their marked buckets: retention.export_rows)."""
+        from .export import csv_chunks
+        from .retention import export_rows
         self._call(self.query.detail, run_id)
-        for rows in export_rows(self.store, run_id, 20_000):
-            for row in rows:
-                yield dict(zip(EXPORT_ROW_KEYS, row))
+        return csv_chunks(run_id, export_rows(self.store, run_id, 20_000))
 
     def series(self, run_id: str, loader: str | None = None, points: int = 500) -> dict:
         return self._call(self.query.rollup_series, run_id, loader=loader, points=points)
@@ -108,23 +107,30 @@ class RemoteSource:
         from ..tls import client_context
         self.client = httpx.Client(base_url=url, headers=headers, timeout=60, verify=client_context())
 
+    def _unreachable(self, exc) -> SourceError:
+        if _certificate_refused(exc):
+            return CertificateRefused(
+                f"the collector at {self.url} has a certificate this machine does not trust ({exc}); "
+                f"for a self-signed one, set STARVEWATCH_CA_FILE to its PEM file")
+        return SourceError(f"cannot reach the collector at {self.url}: {exc}")
+
     def _get(self, path: str, **params):
         import httpx
         try:
             response = self.client.get(path, params={k: v for k, v in params.items() if v is not None})
         except httpx.HTTPError as exc:
-            if _certificate_refused(exc):
-                raise CertificateRefused(
-                    f"the collector at {self.url} has a certificate this machine does not trust ({exc}); "
-                    f"for a self-signed one, set STARVEWATCH_CA_FILE to its PEM file") from None
-            raise SourceError(f"cannot reach the collector at {self.url}: {exc}") from None
+            raise self._unreachable(exc) from None
+        self._check(response)
+        return response.json()
+
+    def _check(self, response) -> None:
+        """A SourceError the user can act on for an error answer."""
         if response.status_code == 404:
             raise SourceError(f"{response.json().get('detail', 'not found')}; `starvewatch runs` lists the runs")
         if response.status_code == 401:
             raise SourceError(f"the collector at {self.url} wants a token: set STARVEWATCH_TOKEN")
         if response.status_code >= 400:
             raise SourceError(f"the collector answered {response.status_code}: {response.text[:300]}")
-        return response.json()
 
     def healthy(self) -> bool:
         """Whether the collector answers; a certificate refused is said, never taken for
@@ -145,12 +151,19 @@ class RemoteSource:
     def detail(self, run_id: str) -> dict:
         return self._get(f"/api/v1/runs/{url_segment(run_id)}")
 
-    def steps(self, run_id: str):
-        after = 0
-        while after is not None:
-            page = self._get(f"/api/v1/runs/{url_segment(run_id)}/steps", after=after, limit=20_000)
-            yield from page["steps"]
-            after = page["next_after"]
+    def csv_chunks(self, run_id: str):
+        """The collector's CSV export as it streams it (rolled-up spans as marked buckets), so
+        the CLI writes what the API serves: the raw-steps pages would miss the folded spans."""
+        import httpx
+        try:
+            with self.client.stream("GET", f"/api/v1/runs/{url_segment(run_id)}/export",
+                                    params={"format": "csv"}) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    self._check(response)
+                yield from response.iter_bytes()
+        except httpx.HTTPError as exc:
+            raise self._unreachable(exc) from None
 
     def series(self, run_id: str, loader: str | None = None, points: int = 500) -> dict:
         return self._get(f"/api/v1/runs/{url_segment(run_id)}/series", loader=loader, points=points)
@@ -169,11 +182,7 @@ class RemoteSource:
         try:
             response = self.client.delete(f"/api/v1/runs/{url_segment(run_id)}")
         except httpx.HTTPError as exc:
-            if _certificate_refused(exc):
-                raise CertificateRefused(
-                    f"the collector at {self.url} has a certificate this machine does not trust ({exc}); "
-                    f"for a self-signed one, set STARVEWATCH_CA_FILE to its PEM file") from None
-            raise SourceError(f"cannot reach the collector at {self.url}: {exc}") from None
+            raise self._unreachable(exc) from None
         if response.status_code == 404:
             raise SourceError(f"unknown run {run_id!r}")
         response.raise_for_status()

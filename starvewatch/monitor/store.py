@@ -18,14 +18,16 @@ import orjson
 from ..batch_parts import uncovered
 from ..private_files import FILE_MODE, make_private_dirs
 from ..stats import LoaderTotals, RecordStats
-from . import retention, run_rollups, sample_rollups
+from . import retention, rollup_bands, run_rollups, sample_rollups
 
 # 2: `seen` keeps record ranges [first, end) of each batch (batch_parts.py), not only (stream, seq);
 #    `rejected_files` counts the spool files that could not be ingested.
 # 3: `run_rollups`, the per-rank rollups summed over ranks (run_rollups.py), filled at open.
 # 4: `events.span_s` (0: a raw sample; else the tier of a bucket of folded samples) and
 #    `rolled_samples` (sample_rollups.py): samples follow the storage budget's tiers.
-SCHEMA_VERSION = 4
+# 5: `rollups` keep their steps' least wait and least and greatest compute (rollup_bands.py),
+#    the chart's min-max bands.
+SCHEMA_VERSION = 5
 WHOLE_BATCH_END = 2**62  # a batch stored before version 2: every record of it
 
 DDL = """
@@ -89,12 +91,7 @@ class Store:
         self._write_lock = threading.RLock()
         retention.prepare_new_file(self.path)
         self._writer = self._connect()
-        self._writer.executescript(DDL)
-        self._migrate(self._writer)
-        self._writer.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        self._writer.commit()
-        retention.migrate(self._writer, self.path)
-        run_rollups.migrate(self._writer)
+        self.migrate_schema()
         self._local = threading.local()
         self._stats_cache: dict[tuple[str, str, str], RecordStats] = {}
         self.ingested_records = 0
@@ -103,6 +100,17 @@ class Store:
         self.version = 0
         self.deletions = 0  # a deletion is never answered from a stale cache
         self.retention = retention.Retention(self, max_db_bytes)
+
+    def migrate_schema(self, vacuum: bool = True) -> None:
+        """Bring the file to this version's schema (at open; and for a copy of an older database
+        restored into this store: sources.LocalSource.offline, vacuum=False)."""
+        self._writer.executescript(DDL)
+        self._migrate(self._writer)
+        self._writer.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        self._writer.commit()
+        retention.migrate(self._writer, self.path, vacuum=vacuum)
+        rollup_bands.migrate(self._writer)
+        run_rollups.migrate(self._writer)
 
     @staticmethod
     def _migrate(w: sqlite3.Connection) -> None:
@@ -272,6 +280,12 @@ class Store:
 
             wait_max = np.zeros(k, dtype=np.int64)
             np.maximum.at(wait_max, inverse, wait[sel])
+            wait_min = np.full(k, np.iinfo(np.int64).max)
+            np.minimum.at(wait_min, inverse, wait[sel])
+            compute_min = np.full(k, np.iinfo(np.int64).max)
+            np.minimum.at(compute_min, inverse, compute[sel])
+            compute_max = np.zeros(k, dtype=np.int64)
+            np.maximum.at(compute_max, inverse, compute[sel])
             e_min = np.full(k, np.iinfo(np.int64).max)
             np.minimum.at(e_min, inverse, epoch[sel])
             e_max = np.zeros(k, dtype=np.int64)
@@ -281,17 +295,20 @@ class Store:
                        total(other[sel]), total(size[sel]), total(gpu[sel]),
                        np.bincount(inverse, weights=gpu_known[sel], minlength=k).astype(np.int64),
                        wait_max, e_min, e_max)
+            bands = rollup_bands.stored(*(c.tolist() for c in (columns[1], wait_min, compute_min, compute_max)))
             w.executemany(
                 "INSERT INTO rollups (run_id, rank, loader, second, steps, wait_ns, compute_ns, other_ns, samples, "
-                "gpu_idle_ns, gpu_steps, wait_max_ns, epoch_min, epoch_max) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "gpu_idle_ns, gpu_steps, wait_max_ns, epoch_min, epoch_max, wait_min_ns, compute_min_ns, "
+                "compute_max_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT(run_id, loader, rank, second) DO UPDATE SET steps = steps + excluded.steps, "
                 "wait_ns = wait_ns + excluded.wait_ns, compute_ns = compute_ns + excluded.compute_ns, "
                 "other_ns = other_ns + excluded.other_ns, samples = samples + excluded.samples, "
                 "gpu_idle_ns = gpu_idle_ns + excluded.gpu_idle_ns, gpu_steps = gpu_steps + excluded.gpu_steps, "
                 "wait_max_ns = max(wait_max_ns, excluded.wait_max_ns), "
-                "epoch_min = min(epoch_min, excluded.epoch_min), epoch_max = max(epoch_max, excluded.epoch_max)",
-                [(rid, batch.rank, name, *row) for row in zip(*(c.tolist() for c in columns))])
+                "epoch_min = min(epoch_min, excluded.epoch_min), epoch_max = max(epoch_max, excluded.epoch_max), "
+                + rollup_bands.MERGE,
+                [(rid, batch.rank, name, *row, *band)
+                 for row, band in zip(zip(*(c.tolist() for c in columns)), bands)])
             # The same rows added into the rank-summed rollups (one rank per batch).
             ranks = run_rollups.rank_bit(batch.rank)
             w.executemany(
