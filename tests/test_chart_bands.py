@@ -165,31 +165,24 @@ def test_a_database_from_before_the_band_columns_draws_its_rollups_at_their_mean
         assert sum(p["count"] for p in Query(store).step_series("old-run", "train", points=50)["points"]) == 3000
 
 
-def test_the_run_page_draws_the_bands_of_a_folded_run_in_chromium(collector, isolated_starvewatch):
-    from tests.test_dashboard_browser import CHROMIUM
-    from playwright.sync_api import sync_playwright
+def test_the_run_page_draws_the_bands_of_a_folded_run_in_chromium(collector, isolated_starvewatch, browser):
     with app_client(isolated_starvewatch) as client:
         spiky_run(client)
         store = client.app.state.store
         fold_to_window(store)
         assert store.reader().execute("SELECT count(*) FROM steps WHERE wait_ns = 500000000").fetchone()[0] == 0
     c = collector()
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1600})
-            errors = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(c.url + "/runs/run-a")
-            page.wait_for_selector("#timeline-graph path.js-fill", timeout=60_000, state="attached")
-            # As plotly.js holds them (_fullData: the arrays decoded from the binary the server sent).
-            traces = page.evaluate("""() => document.querySelector('#timeline-graph .js-plotly-plot')._fullData
-                .map(t => ({name: t.name, fill: t.fill, top: Math.max(...t.y)}))""")
-            # The fills as drawn: an SVG path per band, with a shape.
-            fills = page.evaluate("""() => [...document.querySelectorAll('#timeline-graph path.js-fill')]
-                .map(p => (p.getAttribute('d') || '').length)""")
-        finally:
-            browser.close()
+    page = browser.new_page(viewport={"width": 1300, "height": 1600})
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(c.url + "/runs/run-a")
+    page.wait_for_selector("#timeline-graph path.js-fill", timeout=60_000, state="attached")
+    # As plotly.js holds them (_fullData: the arrays decoded from the binary the server sent).
+    traces = page.evaluate("""() => document.querySelector('#timeline-graph .js-plotly-plot')._fullData
+        .map(t => ({name: t.name, fill: t.fill, top: Math.max(...t.y)}))""")
+    # The fills as drawn: an SVG path per band, with a shape.
+    fills = page.evaluate("""() => [...document.querySelectorAll('#timeline-graph path.js-fill')]
+        .map(p => (p.getAttribute('d') || '').length)""")
     bands = {t["name"]: t for t in traces if t["fill"] == "tonexty"}
     assert set(bands) == {"compute (min–max)", "data wait (min–max)"}
     assert bands["data wait (min–max)"]["top"] == 500.0
