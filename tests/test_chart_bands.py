@@ -189,3 +189,14 @@ def test_the_run_page_draws_the_bands_of_a_folded_run_in_chromium(collector, iso
     assert next(t for t in traces if t["name"] == "data wait (mean)")["top"] < 10.0
     assert len([d for d in fills if d > 10]) >= 2, fills
     assert errors == []
+
+
+def test_the_raw_steps_api_says_which_spans_are_rolled_up(tmp_path):
+    with app_client(tmp_path) as client:
+        spiky_run(client)
+        assert client.get("/api/v1/runs/run-a/steps?limit=10").json()["rolled_up"] == []
+        fold_to_window(client.app.state.store)
+        page = client.get("/api/v1/runs/run-a/steps?limit=100000").json()
+    (span,) = page["rolled_up"]
+    assert span["rank"] == 0 and span["steps"] == 10_000 - len(page["steps"])  # every step: raw or listed
+    assert min(s["start_ns"] for s in page["steps"]) >= span["until_s"] * SECOND  # the raw rows come after

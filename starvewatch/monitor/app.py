@@ -200,6 +200,8 @@ def create_app(settings: CollectorSettings | None = None, *,
     @app.get("/api/v1/runs/{run_id}/steps")
     def steps(run_id: str, after: int = Q(0, ge=0, le=INT64_MAX), limit: int = Q(10_000, ge=1, le=100_000),
               loader: str | None = None):
+        """The run's raw step rows, a page at a time (`next_after`). Steps folded by the storage
+        budget are in `rolled_up` (per rank: before `until`); the CSV export has their buckets."""
         return FastJSONResponse(state["query"].steps_page(run_id, after=after, limit=limit, loader=loader))
 
     @app.get("/api/v1/runs/{run_id}/series")

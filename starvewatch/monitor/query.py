@@ -345,8 +345,10 @@ class Query:
         rows = self.store.reader().execute(sql, args).fetchall()
         columns = ("rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
                    "batch_size", "gpu_idle_ns")
+        # The raw rows only: the spans folded into rollups are listed, so a gap is never silent.
         return {"steps": [dict(zip(columns, tuple(r)[1:])) for r in rows],
-                "next_after": rows[-1][0] if len(rows) == limit else None}
+                "next_after": rows[-1][0] if len(rows) == limit else None,
+                "rolled_up": rolled_spans(self.store.reader(), run_id)}
 
     @cached(per_run=True, max_age_s=None)
     def rollup_series(self, run_id: str, loader: str | None = None, rank: int | None = None,
