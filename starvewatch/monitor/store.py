@@ -25,6 +25,11 @@ from . import retention, run_rollups
 # 3: `run_rollups`, the per-rank rollups summed over ranks (run_rollups.py), filled at open.
 SCHEMA_VERSION = 3
 WHOLE_BATCH_END = 2**62  # a batch stored before version 2: every record of it
+# SQLite's memory, bounded whatever the number of threads (monitor/memory.py for the rest): each
+# thread that reads has its own connection and page cache, and anyio's pool has up to 40.
+WRITER_CACHE_KIB = 2000       # SQLite's default, said explicitly: ingest's indexes stay cached
+READER_CACHE_KIB = 1024       # a reader's page cache; the OS page cache is behind it
+SQLITE_SOFT_HEAP_BYTES = 48 * 2**20  # process-wide: past it, page caches recycle pages, not grow
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -86,7 +91,8 @@ class Store:
         # Reentrant: the storage budget deletes runs (delete_run) from inside an ingest.
         self._write_lock = threading.RLock()
         retention.prepare_new_file(self.path)
-        self._writer = self._connect()
+        self._writer = self._connect(WRITER_CACHE_KIB)
+        self._writer.execute(f"PRAGMA soft_heap_limit={SQLITE_SOFT_HEAP_BYTES}")
         self._writer.executescript(DDL)
         self._migrate(self._writer)
         self._writer.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
@@ -119,8 +125,9 @@ class Store:
                 ALTER TABLE seen_ranges RENAME TO seen;
                 COMMIT;""")
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, cache_kib: int) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+        conn.execute(f"PRAGMA cache_size=-{cache_kib}")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=30000")
@@ -130,7 +137,7 @@ class Store:
     def reader(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = self._connect()
+            conn = self._local.conn = self._connect(READER_CACHE_KIB)
             conn.row_factory = sqlite3.Row
         return conn
 
@@ -456,7 +463,9 @@ class Store:
                 raise
             for key in [k for k in self._stats_cache if k[0] == run_id]:
                 del self._stats_cache[key]
-            self.versions[run_id] += 1
+            # Forgotten, not bumped: `deletions` already voids every cached answer, and a collector
+            # whose budget deletes old runs for months must not keep a counter for each of them.
+            self.versions.pop(run_id, None)
             self.version += 1
             self.deletions += 1
         return found
