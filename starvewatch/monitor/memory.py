@@ -1,11 +1,12 @@
 """The collector process's resident memory, kept bounded where the C allocators would not.
 
 Measured under the soak (docs/reliability.md, "The collector's resident memory"): the growth
-was not Python objects (their count and tracemalloc's total stay flat) but memory glibc's malloc
-keeps after it is freed. Starlette runs every sync route and each ingest in anyio's worker
-threads (up to 40), which exit after 10 s idle and are replaced; glibc gives threads their own
-arenas, up to 8 per core, and freed chunks stay resident in each arena. The RSS then grew with
-the number of arenas in use (16 on 2 cores, up to 40 on a larger host), not with the data. So:
+was not Python objects (their count, and the bytes malloc counts as in use, stay flat) but memory
+glibc's malloc keeps after it is freed. Starlette runs every sync route and each ingest in
+anyio's worker threads (up to 40), which exit after 10 s idle and are replaced; glibc gives new
+threads arenas of their own, up to 8 per core, and freed chunks stay resident in each arena. The
+RSS then grew with the number of arenas in use (16 on 2 cores; on a larger host up to one per
+thread), not with the data. So:
 - `limit_arenas()`, once before the server starts its threads: at most ARENAS malloc arenas;
 - `give_back()`, from the collector's background thread every few seconds: malloc_trim(0) hands
   the arenas' free pages back to the kernel (about 1 ms).
@@ -17,9 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
-
-log = logging.getLogger("starvewatch.collector")
+import os
 
 ARENAS = 2          # malloc arenas: the GIL serialises most allocations, so more buy little
 M_ARENA_MAX = -8    # mallopt's parameter number (glibc malloc.h)
@@ -45,7 +44,6 @@ def _glibc():
 def limit_arenas(arenas: int = ARENAS) -> bool:
     """At most `arenas` malloc arenas from now on (MALLOC_ARENA_MAX, which the environment may
     still set lower or higher: a value given there wins)."""
-    import os
     libc = _glibc()
     if libc is None or os.environ.get("MALLOC_ARENA_MAX"):
         return False
