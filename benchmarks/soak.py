@@ -13,9 +13,11 @@ Against one real collector (uvicorn subprocess, SQLite in a temporary directory)
   of the collector and of the training processes (with their sidecars).
 
 At the end: records lost per producer (records run or acknowledged minus the records the
-collector stored, from its rollups), RSS over time (first, max and last), and the run page's
-slowest answer (target: within 2 s throughout). Figures go to benchmarks/results/soak.json
-(or --out). The README's figures are from a 600 s run; `--seconds 5` is the smoke test.
+collector stored, from its rollups), RSS over time (`rss`: every sample, with the 1-minute load
+average beside it; `collector_rss`: start, plateau, max, end and the slope per hour over each
+half of the run, see `rss_trend`), and the run page's slowest answer (target: within 2 s
+throughout). Figures go to benchmarks/results/soak.json (or --out). The README's figures are
+from a 600 s run; `--seconds 5` is the smoke test.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import results_io  # noqa: E402
 from benchmarks.ingest import running_collector  # noqa: E402
 
 TRAINER = r"""
@@ -124,6 +127,32 @@ def rss_bytes(pids: list[int]) -> int:
     return total
 
 
+def slope_per_hour(t_s: list[float], values: list[int]) -> float | None:
+    """Least-squares slope of `values` over `t_s`, per hour (None under 2 distinct times)."""
+    n = len(t_s)
+    if n < 2 or max(t_s) == min(t_s):
+        return None
+    mean_t, mean_v = sum(t_s) / n, sum(values) / n
+    cov = sum((t - mean_t) * (v - mean_v) for t, v in zip(t_s, values))
+    var = sum((t - mean_t) ** 2 for t in t_s)
+    return cov / var * 3600.0
+
+
+def rss_trend(t_s: list[float], values: list[int]) -> dict:
+    """Bounded or not, from the samples: `start` (the idle collector, before the load reached
+    it), `plateau` (median of the second half), `max`, `end`, and the least-squares slope per
+    hour over the first half (the warm-up: arenas and caches filling) and over the second half
+    (what is left once warm: near 0 for a bounded collector, the leak rate otherwise)."""
+    if not values:
+        return {}
+    half = len(values) // 2
+    second = sorted(values[half:])
+    return {"start_bytes": values[0], "plateau_bytes": second[len(second) // 2], "max_bytes": max(values),
+            "end_bytes": values[-1], "samples": len(values),
+            "slope_first_half_bytes_per_h": slope_per_hour(t_s[:half + 1], values[:half + 1]),
+            "slope_second_half_bytes_per_h": slope_per_hour(t_s[half:], values[half:])}
+
+
 def collector_pid(directory: str) -> int | None:
     import psutil
     for proc in psutil.process_iter(["cmdline"]):
@@ -143,6 +172,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "soak.json")
     args = parser.parse_args()
     per_batch, interval = max(1, round(args.steps_per_s * 0.5)), 0.5
+    record = results_io.started(args, quick=args.seconds < 600.0)
 
     with tempfile.TemporaryDirectory() as tmp, running_collector(tmp) as (url, env):
         env = dict(env, STARVEWATCH_URL=url, STARVEWATCH_RUN_NAME="soak-train")
@@ -151,7 +181,7 @@ def main() -> None:
         clients = subprocess.Popen([sys.executable, "-c", CLIENTS, url, str(args.seconds), str(args.clients),
                                     str(per_batch), str(interval)], env=env, stdout=subprocess.PIPE, text=True)
         server = collector_pid(tmp)
-        rss = {"t_s": [], "collector_bytes": [], "trainers_bytes": []}
+        rss = {"t_s": [], "collector_bytes": [], "trainers_bytes": [], "load_1m": []}
         pages: list[float] = []
         page_errors: list[str] = []
         stop = threading.Event()
@@ -162,6 +192,7 @@ def main() -> None:
                 rss["t_s"].append(round(time.monotonic() - t0, 1))
                 rss["collector_bytes"].append(rss_bytes([server] if server else []))
                 rss["trainers_bytes"].append(rss_bytes([p.pid for p in trainers if p.poll() is None]))
+                rss["load_1m"].append(round(os.getloadavg()[0], 2))
                 if stop.wait(args.sample_s):
                     return
 
@@ -207,27 +238,31 @@ def main() -> None:
     lost = sum(max(0, p["lost"]) for p in producers.values())
     doubled = sum(max(0, -p["lost"]) for p in producers.values())
     mib = lambda b: b / 2**20  # noqa: E731
-    result = {
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    result = dict(record, **{
         "records_run": sum(p["run"] for p in producers.values()), "records_lost": lost,
         "records_doubled": doubled, "producers": producers,
         "page_s": {"polls": len(pages), "max": max(pages, default=None),
                    "p50": sorted(pages)[len(pages) // 2] if pages else None, "errors": page_errors},
-        "rss": rss,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+        "rss": rss, "collector_rss": rss_trend(rss["t_s"], rss["collector_bytes"]),
+        "load_1m_max": max(rss["load_1m"], default=None),
+    })
+    results_io.write(result, args.out)
     c, tr = rss["collector_bytes"], rss["trainers_bytes"]
+    trend = result["collector_rss"]
     print(f"soak {args.seconds:.0f} s: {args.trainers} trainings and {args.clients} HTTP clients at "
           f"{args.steps_per_s:.0f} steps/s each -> {result['records_run']:,} records, "
           f"{lost} lost, {doubled} doubled")
     print(f"collector RSS {mib(c[0]):.0f} MiB at start, {mib(max(c)):.0f} MiB max, {mib(c[-1]):.0f} MiB at end; "
           f"trainings (with sidecars) {mib(tr[0]):.0f} MiB at start, {mib(max(tr)):.0f} MiB max")
+    if trend.get("slope_second_half_bytes_per_h") is not None:
+        print(f"collector RSS plateau {mib(trend['plateau_bytes']):.0f} MiB (median of the second half); slope "
+              f"{mib(trend['slope_first_half_bytes_per_h']):+.0f} MiB/h in the first half, "
+              f"{mib(trend['slope_second_half_bytes_per_h']):+.0f} MiB/h in the second")
+    print(f"load average {record['load_average'][0]:.1f} at start, {max(rss['load_1m']):.1f} max, "
+          f"{result['load_average_end'][0]:.1f} at end on {record['cpu_count']} CPUs")
     if pages:
         print(f"run page and its data: p50 {result['page_s']['p50']:.2f} s, slowest {result['page_s']['max']:.2f} s "
               f"over {len(pages)} polls (target <= 2 s); {len(page_errors)} errors")
-    print(f"figures written to {args.out}")
 
 
 if __name__ == "__main__":

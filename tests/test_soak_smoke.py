@@ -23,4 +23,26 @@ def test_soak_smoke_loses_and_doubles_nothing(tmp_path):
     assert result["records_lost"] == result["records_doubled"] == 0
     assert result["page_s"]["polls"] >= 2 and result["page_s"]["errors"] == []
     assert len(result["rss"]["collector_bytes"]) >= 3 and min(result["rss"]["collector_bytes"]) > 0
+    # The RSS over time, summed up: the figures are the samples' own.
+    samples, trend = result["rss"]["collector_bytes"], result["collector_rss"]
+    assert trend["start_bytes"] == samples[0] and trend["end_bytes"] == samples[-1]
+    assert trend["max_bytes"] == max(samples) and trend["plateau_bytes"] in samples[len(samples) // 2:]
+    assert isinstance(trend["slope_second_half_bytes_per_h"], float)
+    assert len(result["rss"]["load_1m"]) == len(samples) and len(result["load_average_end"]) == 3
     assert "0 lost, 0 doubled" in run.stdout
+
+
+def test_the_soak_trend_tells_a_plateau_from_a_leak():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    t = [5.0 * i for i in range(40)]  # 200 s
+    mib = 2**20
+    plateau = [100 * mib + min(i, 10) * 5 * mib for i in range(40)]  # +50 MiB in 50 s, then flat
+    leak = [100 * mib + i * mib for i in range(40)]  # +1 MiB every 5 s: 720 MiB/h
+    flat, growing = soak.rss_trend(t, plateau), soak.rss_trend(t, leak)
+    assert flat["slope_second_half_bytes_per_h"] == 0.0 and flat["plateau_bytes"] == 150 * mib
+    assert flat["slope_first_half_bytes_per_h"] > 100 * mib
+    assert abs(growing["slope_second_half_bytes_per_h"] - 720 * mib) < 1e-3 * mib
+    assert growing["start_bytes"] == 100 * mib and growing["end_bytes"] == growing["max_bytes"] == 139 * mib

@@ -299,8 +299,13 @@ def _start_exporters(settings: CollectorSettings, get_query) -> list:
 
 def _background(state: dict, settings: CollectorSettings) -> None:
     """Spool sweeps and, for an auto-started collector, exit after a long idle time."""
+    from .memory import TRIM_EVERY_S, give_back
     stop: threading.Event = state["stop"]
+    trimmed_at = time.monotonic()
     while not stop.wait(settings.spool_scan_s):
+        if time.monotonic() - trimmed_at >= TRIM_EVERY_S:  # freed malloc pages back to the kernel
+            give_back()
+            trimmed_at = time.monotonic()
         try:
             state["importer"].scan()
         except Exception as exc:  # a full disk or an unreadable directory must not end the sweeps

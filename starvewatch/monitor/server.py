@@ -21,7 +21,9 @@ def serve(settings: CollectorSettings, *, autostarted: bool = False, ui=None) ->
     from .app import create_app
 
     from .connections import bounded_protocol, quiet_refusals
+    from .memory import limit_arenas
 
+    limit_arenas()  # before uvicorn and the thread pool start: monitor/memory.py says why
     settings.pid_file_autostarted = autostarted
     _log_to_stderr()
     # What the collector creates (database, WAL, rejected spool files, directories) is the

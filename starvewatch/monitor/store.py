@@ -29,6 +29,11 @@ from . import retention, rollup_bands, run_rollups, sample_rollups
 #    the chart's min-max bands.
 SCHEMA_VERSION = 5
 WHOLE_BATCH_END = 2**62  # a batch stored before version 2: every record of it
+# SQLite's memory, bounded whatever the number of threads (monitor/memory.py for the rest): each
+# thread that reads has its own connection and page cache, and anyio's pool has up to 40.
+WRITER_CACHE_KIB = 2000       # SQLite's default, said explicitly: ingest's indexes stay cached
+READER_CACHE_KIB = 1024       # a reader's page cache; the OS page cache is behind it
+SQLITE_SOFT_HEAP_BYTES = 48 * 2**20  # process-wide: past it, page caches recycle pages, not grow
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -90,7 +95,8 @@ class Store:
         # Reentrant: the storage budget deletes runs (delete_run) from inside an ingest.
         self._write_lock = threading.RLock()
         retention.prepare_new_file(self.path)
-        self._writer = self._connect()
+        self._writer = self._connect(WRITER_CACHE_KIB)
+        self._writer.execute(f"PRAGMA soft_heap_limit={SQLITE_SOFT_HEAP_BYTES}")
         self.migrate_schema()
         self._local = threading.local()
         self._stats_cache: dict[tuple[str, str, str], RecordStats] = {}
@@ -130,8 +136,9 @@ class Store:
                 COMMIT;""")
         sample_rollups.migrate(w)
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, cache_kib: int) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
+        conn.execute(f"PRAGMA cache_size=-{cache_kib}")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("PRAGMA busy_timeout=30000")
@@ -141,7 +148,7 @@ class Store:
     def reader(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = self._connect()
+            conn = self._local.conn = self._connect(READER_CACHE_KIB)
             conn.row_factory = sqlite3.Row
         return conn
 
@@ -476,7 +483,9 @@ class Store:
                 raise
             for key in [k for k in self._stats_cache if k[0] == run_id]:
                 del self._stats_cache[key]
-            self.versions[run_id] += 1
+            # Forgotten, not bumped: `deletions` already voids every cached answer, and a collector
+            # whose budget deletes old runs for months must not keep a counter for each of them.
+            self.versions.pop(run_id, None)
             self.version += 1
             self.deletions += 1
         return found

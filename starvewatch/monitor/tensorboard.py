@@ -103,6 +103,7 @@ class TensorBoardWriter:
                 continue  # nothing new for this scalar
             self._last[(run, tag)] = step
             per_run.setdefault(run, []).append((tag, step, s.value))
+        self._close_gone({s.labels["run"] for s in samples})
         now = time.time()
         for run, values in per_run.items():
             writer = self._writers.get(run)
@@ -115,6 +116,22 @@ class TensorBoardWriter:
                 written += 1
             writer.flush()
         return written
+
+    def _close_gone(self, exported: set[str]) -> None:
+        """Close the event file of each run no longer exported (finished longer than
+        metrics_finished_keep_s, or deleted) and forget its last steps: each open writer holds a
+        thread and a file, and a collector serving runs for months must not keep them all. A run
+        exported again later gets a new event file in the same directory, which TensorBoard reads
+        with the others."""
+        for run in [r for r in self._writers if r not in exported]:
+            writer = self._writers.pop(run)
+            try:
+                writer.close()
+            except Exception as exc:  # noqa: BLE001 - logged: the other runs' files still close
+                _errors.error(f"tensorboard-close:{type(exc).__name__}", "TensorBoard file in %s not closed: %s",
+                              self.directory, exc)
+        if any(run not in exported for run, _tag in self._last):
+            self._last = {key: step for key, step in self._last.items() if key[0] in exported}
 
     def close(self) -> None:
         self._stop.set()
