@@ -45,6 +45,11 @@ def results(tmp_path: Path) -> Path:
                          "records_run": 1000, "records_lost": 1, "records_doubled": 0,
                          "page_s": {"p50": 0.1, "max": 0.5, "errors": []},
                          "rss": {"t_s": [0.0, 5.0], "collector_bytes": [2**20, 3 * 2**20]}})
+    _write(out, "soak-600s-10-clients", {"measured_at": "2026-11-22T11:00:00Z", "args": {"seconds": 600.0},
+                                         "records_run": 7_200_000, "records_lost": 0, "records_doubled": 0,
+                                         "collector_rss": {"start_bytes": 84 * 2**20, "plateau_bytes": 119 * 2**20,
+                                                           "max_bytes": 122 * 2**20, "end_bytes": 119 * 2**20,
+                                                           "slope_second_half_bytes_per_h": -11 * 2**20}})
     return out
 
 
@@ -79,9 +84,13 @@ def test_rows_from_fabricated_results(results: Path) -> None:
     assert soak[0].startswith("**1,000 records, 1 lost, 0 doubled**")
     assert soak[0].endswith("(quick run)")  # 5 s, not the 600 s the row is for
     assert soak[1] == "0 lost; page ≤ 2 s (**not met**)"
-    rss = rows["collector RSS over that soak"]
-    assert rss[0].startswith("1 → 3 MiB")
+    rss = rows["collector RSS, 600 s soak: 2 trainings + 10 clients"]
+    assert rss[0] == "84 → plateau **119 MiB** (max 122 MiB; second half -11 MiB/h; 7.2M step rows)"
     assert rss[1] == "bounded"
+    assert rss[2].startswith("`python benchmarks/soak.py --clients 10 ")  # its own command, not the file's name
+    # The first release's soak.py wrote no summary: its RSS from the samples.
+    assert readme_table._rss({"records_run": 1000, "rss": {"t_s": [0.0, 5.0], "collector_bytes": [2**20, 3 * 2**20]}}
+                             ).startswith("1 → 3 MiB")
 
 
 def test_footnote_dates_and_loads(results: Path) -> None:
@@ -90,6 +99,7 @@ def test_footnote_dates_and_loads(results: Path) -> None:
     assert "`overhead.json` measured 2026-11-20, load 0.4–1.2 on 2 CPUs;" in note
     assert "`sampler.json` measured 2026-11-21, load 2.0 on 16 CPUs, quick run;" in note
     assert "`soak.json` measured 2026-11-22, load not recorded, quick run;" in note
+    assert "`soak-600s-10-clients.json` measured 2026-11-22, load not recorded;" in note
     assert note.endswith("not measured: `instructions.json`, `ingest.json`, `dashboard.json`, "
                          "`instructions_per_thread.json`.")
 
