@@ -1,6 +1,6 @@
 """Acceptance benchmark of the diagnosis: known scenarios, expected answers, measured fixes.
 
-    python -m benchmarks.scenarios.run [--only NAME ...] [--docs]
+    python -m benchmarks.scenarios.run [--only NAME ... [--merge]] [--docs]
 
 Per scenario (benchmarks/scenarios/cases.py), against expectations written down beforehand:
 - the verdict band, the limiting factor, and the top recommendation's loader, parameter and
@@ -348,6 +348,13 @@ def markdown(report: dict) -> str:
             mark = ("yes" if r["ok"] else "**NO**") if first else ("" if not m or m["ok"] else "**off**")
             lines.append(f"{lead} {m['change'] if m else 'nothing to measure'} | {pred} | {meas} | {mark} |")
             first = False
+    later = [r for r in rows if r.get("measured_at")]
+    if later:
+        lines += ["", "Measured later (`--only ... --merge`): " + "; ".join(
+            f"{r['name']} {r['measured_at'][:16].replace('T', ' ')} UTC, load average "
+            + "/".join(f"{x:.1f}" for x in (next((m['load_average'] for m in r['measurements']
+                                                 if m.get('load_average')), None) or []))
+            for r in later) + "."]
     passed = sum(1 for r in rows if r["ok"])
     off = [r["name"] for r in rows if not r["ok"]]
     lines += ["", f"{passed} of {len(rows)} scenarios as expected" + (f"; off: {', '.join(off)}" if off else "") + "."]
@@ -359,6 +366,16 @@ def _write_docs(table: str) -> None:
     write_readme_section(BEGIN, END, table, ROOT / "docs" / "diagnosis.md")
 
 
+def _merged(full: dict, rows: list[dict], scenarios) -> dict:
+    """The full results with `rows` in place of (or, for new scenarios, added to) theirs, in
+    the scenarios' order."""
+    by_name = {r["name"]: r for r in full["rows"]}
+    by_name.update({r["name"]: r for r in rows})
+    order = [s.name for s in scenarios]
+    return {**full, "rows": sorted(by_name.values(),
+                                   key=lambda r: order.index(r["name"]) if r["name"] in order else len(order))}
+
+
 def main() -> int:
     import torch
 
@@ -367,7 +384,12 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="scenario names")
     parser.add_argument("--docs", "--readme", action="store_true",
                         help="copy the table into docs/diagnosis.md (--readme: its former name)")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --only: put these scenarios' rows into the full results (replacing "
+                             "theirs, the others kept as measured), each row dated")
     args = parser.parse_args()
+    if args.merge and not args.only:
+        parser.error("--merge goes with --only")
     unknown = set(args.only or ()) - {s.name for s in SCENARIOS}
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
@@ -377,6 +399,8 @@ def main() -> int:
             continue
         t0 = time.perf_counter()
         row = run_scenario(scenario)
+        if args.merge:
+            row["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
         rows.append(row)
         print(f"{row['name']}: ok={row['ok']} {row['checks']} got={row['got']} "
               f"measured={[(m['change'], m['predicted'], m['measured']) for m in row['measurements']]} "
@@ -387,11 +411,13 @@ def main() -> int:
               "torch": torch.__version__, "python": platform.python_version(), "rows": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     table = markdown(report)
-    if not args.only:  # a partial run does not overwrite the full results
+    if args.merge:
+        report = _merged(json.loads((RESULTS / "scenarios.json").read_text()), rows, SCENARIOS)
+    if not args.only or args.merge:  # a partial run does not overwrite the full results
         (RESULTS / "scenarios.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-        (RESULTS / "scenarios.md").write_text(table)
+        (RESULTS / "scenarios.md").write_text(markdown(report))
         if args.docs:
-            _write_docs(table)
+            _write_docs(markdown(report))
     print(table)
     return 0 if all(r["ok"] for r in rows) else 1
 
