@@ -304,6 +304,8 @@ def _run_scenario(scenario) -> dict:
         measurements.append(_measure(scenario, base, base_s, label, joint, plan["loader"], plan=plan,
                                      expected_range=plan.get("expected_speedup_range") if joint else None))
     for loader, change in scenario.what_ifs:  # changes the advice did not pick, predicted all the same
+        if any(r["loader"] == loader and {r["parameter"]: r["suggested"]} == change for r in speedups):
+            continue  # the advice itself, measured above
         expected, ends = inputs.predict(loader, change)
         label = "what-if: " + ", ".join(f"{k}={v!r}" for k, v in change.items())
         measurements.append(_measure(scenario, base, base_s, label, expected, loader,
