@@ -3,8 +3,11 @@
 Per batch the loop waits `wait` and computes `compute` (ms). Loading one batch costs `load`
 (ms, on one worker). With N workers that overlap with compute, a step takes about
 max(compute, load / N) -- and when loading is CPU work, the host's cores bound it as well:
-load / cores. Add the hand-over of each batch, the workers' start-up (once if persistent,
-else every epoch) and the bursts a prefetch queue did not absorb.
+load / cores; where the training process's CPU was measured, the workers share the cores
+other processes leave with each other and with the training process (shared_cores_step),
+and an uncertain prediction also gets a range (speedup_range). Add the hand-over of each
+batch, the workers' start-up (once if persistent, else every epoch) and the bursts a prefetch
+queue did not absorb.
 
 `step_ms(facts, config, what_if)` predicts the step for any DataLoader configuration (and for
 changes that are not DataLoader arguments, as `what_if` factors); a set of changes is
@@ -224,7 +227,7 @@ def measure_cpu_sharing(f: LoaderFacts, totals) -> None:
       workers or not: Linux shares a busy CPU between process groups (autogroups, cgroups),
       not between threads. Inside a CPU quota, or with several ranks on a host (their cores
       are split already), none are counted."""
-    f.process_cpu_cores = None
+    f.process_cpu_cores = f.process_cpu_source = None
     if totals.loop_wall_ns >= 200_000_000:
         f.process_cpu_cores, f.process_cpu_source = totals.loop_process_cpu_ns / totals.loop_wall_ns, "loop"
     elif f.system.get("process_cpu_pct_mean") is not None:
