@@ -313,8 +313,9 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
             # host's other processes (measured: measure_cpu_sharing).
             step, share = shared_cores_step(f, workers, load, compute, handover,
                                             what_if.get("others_cores", f.others_cores))
-            if not f.respawn:  # unmeasured: the spawn, then every worker's first batch at once
-                startup = f.startup * unmeasured + load * (f.thread_share or 1) / share
+            if not f.respawn:  # unmeasured: the spawn, then every worker's first batch at once,
+                # both CPU work at the share of a core each thread gets
+                startup = (f.startup * unmeasured + load * (f.thread_share or 1)) / share
         elif f.cpu_busy:
             step = max(step, load / f.cores)  # the workers share the host's cores
         prefetch = config.get("prefetch_factor") or 2
