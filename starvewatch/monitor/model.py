@@ -223,7 +223,7 @@ def measure_cpu_sharing(f: LoaderFacts, totals) -> None:
     - `thread_share`: the CPU time over wall time of loading that is CPU work (the training
       thread's while it loaded, or the workers'): 1 when a core was always there for it;
     - `others_cores` (`others_cores_max`): the host's busy cores that were not this process
-      or its workers (mean and peak). They are taken as kept by the other processes, more
+      or its workers (mean and peak; the workers' from the CPU time of their fetches). They are taken as kept by the other processes, more
       workers or not: Linux shares a busy CPU between process groups (autogroups, cgroups),
       not between threads. Inside a CPU quota, or with several ranks on a host (their cores
       are split already), none are counted."""
@@ -246,12 +246,15 @@ def measure_cpu_sharing(f: LoaderFacts, totals) -> None:
     f.others_cores = f.others_cores_max = 0.0
     quota = f.system.get("cpu_quota_cores")
     count = f.system.get("cpu_count")
-    ours = f.system.get("process_cpu_pct_mean")
-    if quota is None and f.ranks_per_host == 1 and count and ours is not None:
-        ours += (f.worker_info.get("worker_cpu_pct_mean") or 0) * (f.workers or 0)
+    if quota is None and f.ranks_per_host == 1 and count and f.process_cpu_cores is not None:
+        # This process's cores, and its workers': each batch is loaded once, with the workers'
+        # measured CPU fraction (their sampled CPU percentages start at 0 and miss short runs).
+        ours = f.process_cpu_cores
+        if f.workers and f.worker_cpu_fraction is not None:
+            ours += f.load * f.worker_cpu_fraction / max(f.step, 1e-9)
         for key, attr in (("cpu_pct_mean", "others_cores"), ("cpu_pct_max", "others_cores_max")):
             if f.system.get(key) is not None:
-                setattr(f, attr, max(0.0, (f.system[key] * count - ours) / 100))
+                setattr(f, attr, max(0.0, f.system[key] / 100 * count - ours))
         f.others_cores_max = max(f.others_cores, f.others_cores_max)
 
 
