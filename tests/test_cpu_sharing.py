@@ -12,12 +12,14 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import starvewatch
+from starvewatch.dashboard.answer import answer
 from starvewatch.hooks.report import recommendation_line
 from starvewatch.monitor.diagnosis import DEFAULT
 from starvewatch.monitor.export import to_markdown
 from starvewatch.monitor.model import LoaderFacts, shared_cores_step, speedup, speedup_range
 from starvewatch.monitor.analysis import loader_summary
-from tests.test_diagnosis import MS, loader, run, system
+from tests.test_dashboard_views import _text
+from tests.test_diagnosis import loader, run, system
 
 # One loader, num_workers=0, 2 cores: 16 ms of CPU-bound loading on the training thread, then
 # 4 ms of compute.
@@ -122,9 +124,11 @@ def test_a_range_when_the_hosts_load_swings():
     assert rec["expected_speedup_range"][0] < rec["expected_speedup"] < rec["expected_speedup_range"][1]
     plan = summary["plans"][0]
     assert plan["expected_speedup_range"] == rec["expected_speedup_range"]
-    # Shown wherever the point is: the console line, the Markdown report.
-    assert f"(likely {rec['expected_speedup_range'][0]:.2f}-" in recommendation_line(rec)
-    assert f"(likely {rec['expected_speedup_range'][0]:.2f}-" in to_markdown(summary)
+    # Shown wherever the point is: the console line, the Markdown (and HTML) report, the dashboard.
+    likely = f"(likely {rec['expected_speedup_range'][0]:.2f}-{rec['expected_speedup_range'][1]:.2f}x)"
+    assert likely in recommendation_line(rec)
+    assert likely in to_markdown(summary)
+    assert likely in _text(answer(summary))
 
 
 def test_no_range_on_a_quiet_host_with_long_epochs():
