@@ -33,6 +33,8 @@ LABELS = {
     "shm_used_max_bytes": "/dev/shm used (max)",
     "shm_total_bytes": "/dev/shm size",
     "cpu_bound_loading": "loading is CPU-bound",
+    "main_cpu_ms": "training process CPU per batch",
+    "others_cores": "cores other processes used",
 }
 
 # (suffix, unit): the longest matching suffix wins; the suffix is dropped from the label.
@@ -120,3 +122,13 @@ def rows(quantities: dict | None) -> list[tuple[str, str]]:
     items = [(k, v) for k, v in (quantities or {}).items() if v is not None]
     items.sort(key=lambda kv: FIRST.index(kv[0]) if kv[0] in FIRST else len(FIRST))  # stable: others keep order
     return [(label(k), value(k, v)) for k, v in items]
+
+
+def speedup_text(prediction: dict) -> str:
+    """A prediction's speed-up as text: "1.85x", with its range where it has one (the
+    uncertainty is large): "1.85x (likely 1.52-2.31x)"."""
+    text = f"{prediction['expected_speedup']:.2f}x"
+    ends = prediction.get("expected_speedup_range")
+    if ends:
+        text += f" (likely {ends[0]:.2f}-{ends[1]:.2f}x)"
+    return text

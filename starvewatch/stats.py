@@ -195,6 +195,11 @@ class LoaderTotals:
     dropped_records: int = 0
     wait_probe_ns: int = 0        # sampled waits (a few a second) ...
     wait_probe_cpu_ns: int = 0    # ... and the training thread's CPU time during them
+    wait_probe_process_cpu_ns: int = 0  # ... and the training process's (all its threads)
+    # The training process's CPU time (all its threads) over the sampler intervals this
+    # loader's loop ran through, and their wall time: its CPU share, read off the hot path.
+    loop_process_cpu_ns: int = 0
+    loop_wall_ns: int = 0
     # Several loaders on one thread (hooks/delivery/overlap.py): the other loaders' waits
     # inside this loader's steps (taken out of its compute and other), and the part of its
     # compute that another loader of the thread counts too (the run counts it once).
@@ -211,6 +216,7 @@ class LoaderTotals:
     def merge(self, other: "LoaderTotals") -> None:
         for name in ("steps", "epochs", "wait_ns", "compute_ns", "other_ns", "epoch_end_wait_ns",
                      "samples", "dropped_records", "wait_probe_ns", "wait_probe_cpu_ns",
+                     "wait_probe_process_cpu_ns", "loop_process_cpu_ns", "loop_wall_ns",
                      "other_loaders_wait_ns", "shared_compute_ns"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.samples_known = self.samples_known and other.samples_known

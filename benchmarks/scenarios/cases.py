@@ -300,6 +300,60 @@ def slow_disk() -> Callable[[], None] | None:
     return undo
 
 
+@functools.cache
+def jpeg_folder(count: int = 512, side: int = 256) -> str:
+    """`count` photo-like JPEGs (a gradient under noise, `side` pixels square), written once
+    per harness run into a temporary folder removed at exit."""
+    from PIL import Image
+    folder = tempfile.mkdtemp(prefix="starvewatch-jpegs-")
+    atexit.register(shutil.rmtree, folder, True)
+    rng = random.Random(0)
+    gradient = Image.merge("RGB", [Image.linear_gradient("L").resize((side, side)),
+                                   Image.radial_gradient("L").resize((side, side)),
+                                   Image.linear_gradient("L").rotate(90).resize((side, side))])
+    for i in range(count):
+        noise = Image.frombytes("RGB", (side, side), rng.randbytes(side * side * 3))
+        Image.blend(gradient, noise, 0.25).rotate(rng.randrange(360)).save(
+            os.path.join(folder, f"{i:05d}.jpg"), quality=90)
+    return folder
+
+
+class Photos(Dataset):
+    """The tutorial image pipeline, CPU-bound: Pillow opens a JPEG, random crop, random
+    horizontal flip, resize, to a float tensor (CHW, 0-1)."""
+
+    def __init__(self, crop: int = 192, out: int = 128) -> None:
+        self.folder = jpeg_folder()
+        self.paths = sorted(os.path.join(self.folder, p) for p in os.listdir(self.folder))
+        self.crop, self.out = crop, out
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        rng = random.Random(i)
+        with Image.open(self.paths[i]) as image:
+            image = image.convert("RGB")
+            x, y = rng.randrange(image.width - self.crop + 1), rng.randrange(image.height - self.crop + 1)
+            image = image.crop((x, y, x + self.crop, y + self.crop))
+            if rng.random() < 0.5:
+                image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            image = image.resize((self.out, self.out), Image.Resampling.BILINEAR)
+            pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+        return pixels.view(self.out, self.out, 3).permute(2, 0, 1).float().div_(255)
+
+
+def single_threaded_torch() -> Callable[[], None]:
+    """torch single-threaded in the training process, as it is in DataLoader workers; the undo
+    restores the thread count. With its intra-op threads, the collate (torch.stack) and
+    to-tensor of num_workers=0 spin-wait on a loaded 2-core host until the baseline swings
+    tenfold between runs: oversubscription, another problem than the one measured here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    return lambda: torch.set_num_threads(threads)
+
+
 def slow_worker_start(worker_id):
     time.sleep(0.25)  # opening a dataset file, connecting to storage...
 
@@ -319,6 +373,7 @@ class LoaderSpec:
     batch_sampler: Callable[[Dataset], object] | None = None
     plain: bool = False                           # batches from a generator, not a DataLoader
     resharded: Callable[[int], Dataset] | None = None  # the same data in n shards (idle_workers' fix)
+    compute_on_cpu: bool = False                  # the step is CPU work on the training thread, not a sleep
 
 
 @dataclass
@@ -336,6 +391,9 @@ class Scenario:
     expect_finding: tuple | None = None  # (loader, kind): a finding that must be there ("stall": a named hang)
     env: Callable[[], dict] = field(default=lambda: {})
     prepare: Callable[[], Callable | None] | None = None  # set-up before the runs; returns its undo
+    # DataLoader changes the advice did not pick, predicted by the same model and measured too:
+    # (loader, {argument: value}).
+    what_ifs: tuple = ()
 
 
 def _shm_limit_env(extra_bytes: int) -> Callable[[], dict]:
@@ -462,4 +520,14 @@ SCENARIOS = [
                                   {"batch_size": 8, "num_workers": 2, "collate_fn": stack_x}, 0.008,
                                   resharded=lambda n: hf_dataset(n, 768, 0.004))},
              1, "high", "input_bound_io", None, expect_finding=("train", "idle_workers")),
+    # Issue 25 item 5: on few cores, CPU-bound workers share them with each other, with the
+    # training process's own CPU work and with the host's other processes.
+    Scenario("pillow_jpeg_workers0", "more_workers",
+             "a Pillow JPEG pipeline (open, crop, flip, resize, to tensor; ~1 ms an image), num_workers=0, "
+             "4 ms of CPU per step; 1, 2 and 4 workers measured whatever the advice",
+             {"train": LoaderSpec(Photos, {"batch_size": 16, "num_workers": 0, "shuffle": True}, 0.004,
+                                  compute_on_cpu=True)},
+             2, "high", "input_bound_cpu", ("train", "num_workers", 2, 2),
+             what_ifs=(("train", {"num_workers": 1}), ("train", {"num_workers": 2}), ("train", {"num_workers": 4})),
+             prepare=single_threaded_torch),
 ]

@@ -71,6 +71,8 @@ def _loader(spec, config: dict | None, dataset=None):
 def _train(scenario, configs: dict, datasets: dict, watch: bool) -> dict[str, float]:
     """Run every epoch; wall seconds spent per loader."""
     import starvewatch
+
+    from benchmarks.scenarios.cases import spin
     spent = dict.fromkeys(scenario.loaders, 0.0)
     loaders = {}
     for name, spec in scenario.loaders.items():
@@ -88,7 +90,10 @@ def _train(scenario, configs: dict, datasets: dict, watch: bool) -> dict[str, fl
             for batch in loader:
                 cost = spec.compute_s(batch.shape[0] if batch.dim() > 1 else 1) \
                     if callable(spec.compute_s) else spec.compute_s
-                time.sleep(cost)
+                if spec.compute_on_cpu:
+                    spin(cost)
+                else:
+                    time.sleep(cost)
             spent[name] += time.perf_counter() - t0
     del loaders
     return spent
@@ -199,7 +204,40 @@ def _variant(scenario, base: dict, rec: dict | None, plan: dict | None, reshard:
     return configs, datasets
 
 
-def _measure(scenario, base, base_s, label, expected, loader, rec=None, plan=None, reshard=None) -> dict:
+class _DiagnosisInputs:
+    """Keeps what finish() gave the diagnosis (summary, loader data, system, run), so the
+    scenario's what-ifs are predicted by the same model over the same facts."""
+
+    def __init__(self) -> None:
+        self.args = None
+
+    def __enter__(self):
+        from starvewatch.monitor import diagnosis
+        self.module, self.original = diagnosis, diagnosis.diagnose
+
+        def diagnose(summary, loaders, *, system=None, previous=None, run=None, **kwargs):
+            self.args = (summary, list(loaders), system, run)
+            return self.original(summary, loaders, system=system, previous=previous, run=run, **kwargs)
+        diagnosis.diagnose = diagnose
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.module.diagnose = self.original
+
+    def predict(self, loader: str, change: dict) -> tuple[float, list | None]:
+        """(speed-up, range or None) the model predicts for `loader` with `change` applied."""
+        from starvewatch.monitor.model import DEFAULT, LoaderFacts, speedup, speedup_range
+        summary, loaders, system, run = self.args
+        part = next(p for p in summary["loaders"] if p["name"] == loader)
+        data = next(d for d in loaders if d.name == loader)
+        facts = LoaderFacts(part, data, system or {}, run, DEFAULT)
+        config = {**facts.config, **change}
+        ends = speedup_range(facts, config)
+        return round(speedup(facts, config), 3), [round(e, 3) for e in ends] if ends else None
+
+
+def _measure(scenario, base, base_s, label, expected, loader, rec=None, plan=None, reshard=None,
+             expected_range=None) -> dict:
     try:
         configs, datasets = _variant(scenario, base, rec, plan, reshard)
     except ValueError as exc:  # advice the scenario cannot apply: unmeasured, and so a failure
@@ -215,11 +253,20 @@ def _measure(scenario, base, base_s, label, expected, loader, rec=None, plan=Non
     target = expected if expected else 1.0  # protective: the throughput is kept
     ok = abs(measured - target) <= TOLERANCE * target
     return {"change": label, "loader": loader, "predicted": expected, "measured": round(measured, 3),
-            "seconds_before": round(before, 3), "seconds_after": round(after, 3), "ok": ok}
+            **({"predicted_range": expected_range} if expected_range else {}),
+            "seconds_before": round(before, 3), "seconds_after": round(after, 3), "ok": ok,
+            "load_average": _load_average()}
+
+
+def _load_average() -> list[float] | None:
+    """The host's 1, 5 and 15-minute load averages as a measurement ends (a busy host skews it)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def run_scenario(scenario) -> dict:
-    import starvewatch
     # Set-up outside the watched run (its CPU and I/O are not the scenario's), undone at the end.
     undo = scenario.prepare() if scenario.prepare is not None else None
     try:
@@ -234,9 +281,10 @@ def _run_scenario(scenario) -> dict:
     saved = _with_env(_scenario_env(scenario))
     try:
         base = {name: (None if spec.plain else dict(spec.kwargs)) for name, spec in scenario.loaders.items()}
-        starvewatch.init(scenario.name)
-        first = _train(scenario, base, {}, watch=True)
-        summary = starvewatch.finish(quiet=True)
+        with _DiagnosisInputs() as inputs:
+            starvewatch.init(scenario.name)
+            first = _train(scenario, base, {}, watch=True)
+            summary = starvewatch.finish(quiet=True)
     finally:
         _restore(saved)
     recs = summary["recommendations"]
@@ -256,7 +304,8 @@ def _run_scenario(scenario) -> dict:
     speedups = [r for r in recs if r["kind"] == "speedup"]
     for r in speedups:
         label = f"{r['parameter']}={r['suggested']!r}" if r["parameter"] else str(r["suggested"])
-        measurements.append(_measure(scenario, base, base_s, label, r["expected_speedup"], r["loader"], rec=r))
+        measurements.append(_measure(scenario, base, base_s, label, r["expected_speedup"], r["loader"], rec=r,
+                                     expected_range=r.get("expected_speedup_range")))
     for plan in summary.get("plans") or []:
         alone = [m for m in measurements if m["loader"] == plan["loader"]]
         if len(plan["changes"]) == 1 and alone and any(r["kind"] == "speedup" and r["parameter"] in plan["changes"]
@@ -265,7 +314,15 @@ def _run_scenario(scenario) -> dict:
         joint = plan["expected_speedup"] if any(r["kind"] == "speedup" and r["loader"] == plan["loader"]
                                                 and r["parameter"] in plan["changes"] for r in recs) else None
         label = "full set: " + ", ".join(f"{k}={v!r}" for k, v in plan["changes"].items())
-        measurements.append(_measure(scenario, base, base_s, label, joint, plan["loader"], plan=plan))
+        measurements.append(_measure(scenario, base, base_s, label, joint, plan["loader"], plan=plan,
+                                     expected_range=plan.get("expected_speedup_range") if joint else None))
+    for loader, change in scenario.what_ifs:  # changes the advice did not pick, predicted all the same
+        if any(r["loader"] == loader and {r["parameter"]: r["suggested"]} == change for r in speedups):
+            continue  # the advice itself, measured above
+        expected, ends = inputs.predict(loader, change)
+        label = "what-if: " + ", ".join(f"{k}={v!r}" for k, v in change.items())
+        measurements.append(_measure(scenario, base, base_s, label, expected, loader,
+                                     plan={"loader": loader, "config": change}, expected_range=ends))
     # An idle_workers finding's resharding: measured against its prediction like any advice.
     for finding in summary["findings"]:
         predicted = finding["detail"].get("expected_speedup_resharded") if finding["kind"] == "idle_workers" else None
@@ -313,6 +370,8 @@ def markdown(report: dict) -> str:
         first = True
         for m in r["measurements"] or [None]:
             pred = f"{m['predicted']:.2f}x" if m and m["predicted"] else ("1.00x (kept)" if m else "—")
+            if m and m.get("predicted_range"):
+                pred += " ({:.2f}–{:.2f}x)".format(*m["predicted_range"])
             meas = f"{m['measured']:.2f}x" if m and m["measured"] is not None else ("not applicable" if m else "—")
             name = r["name"] + (" (simulated: " + r["simulated"] + ")" if r["simulated"] else "")
             lead = (f"| {name} | {r['rule']} | {r['got']['verdict']}, {r['got']['limiting_factor']} | "
@@ -386,9 +445,9 @@ def main() -> int:
     table = markdown(report)
     if not args.only or args.merge:  # a partial run alone does not overwrite the full results
         (RESULTS / "scenarios.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-        (RESULTS / "scenarios.md").write_text(table)
+        (RESULTS / "scenarios.md").write_text(markdown(report))
         if args.docs:
-            _write_docs(table)
+            _write_docs(markdown(report))
     print(table)
     return 0 if all(r["ok"] for r in rows) else 1
 

@@ -9,6 +9,7 @@ from dash import dcc, html
 
 from ..monitor.export import snippet
 from . import quantities
+from ..quantities import speedup_text
 
 FACTORS = {
     "input_bound_cpu": "data loading is CPU-bound",
@@ -96,7 +97,8 @@ def answer(summary: dict) -> html.Div:
     headline = [html.Span("Change ", className="sw-muted"), html.Strong(change_text(top)),
                 html.Span(f" on loader {top['loader']}", className="sw-muted")]
     if gain:
-        headline.append(html.Span(f"expected {gain:.2f}x faster" + (" (measured)" if top.get("measured") else ""),
+        headline.append(html.Span(f"expected {speedup_text(top).replace('x', 'x faster', 1)}"
+                                  + (" (measured)" if top.get("measured") else ""),
                                   className="sw-gain", id="top-speedup"))
     parts += [html.H3(headline, id="top-change"), html.P(top.get("reason"), className="sw-reason")]
     config = next((l.get("config") for l in summary["loaders"] if l["name"] == top["loader"]), None)
@@ -107,7 +109,7 @@ def answer(summary: dict) -> html.Div:
     if evidence is not None:
         parts += [html.H4("Evidence"), evidence]
     more = [html.Li([html.Strong(f"{r['loader']}: {change_text(r)}"),
-                     f" — expected {r['expected_speedup']:.2f}x" if r.get("expected_speedup") else "",
+                     f" — expected {speedup_text(r)}" if r.get("expected_speedup") else "",
                      html.Div(r.get("reason"), className="sw-reason")]) for r in recs[1:]]
     if more:
         parts += [html.H4("Also worth changing"), html.Ul(more, id="more-recommendations")]
@@ -200,7 +202,7 @@ def config_table(summary: dict) -> html.Div:
             if rec is not None:
                 cells.append(html.Td(["→ ", html.Code(repr(rec["suggested"])),
                                       html.Span(" protective" if kind(rec) == "protective" else
-                                                (f" {rec['expected_speedup']:.2f}x" if rec.get("expected_speedup") else ""),
+                                                (f" {speedup_text(rec)}" if rec.get("expected_speedup") else ""),
                                                 className="sw-muted")]))
             else:
                 cells.append(html.Td(""))

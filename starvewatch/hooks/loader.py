@@ -14,7 +14,7 @@ import threading
 import weakref
 from threading import get_ident
 from time import perf_counter_ns as _now
-from time import thread_time_ns
+from time import process_time_ns, thread_time_ns
 
 from .introspect import leading_dim
 # The records appended below are laid out as record_layout.py says (FAST_RECORD_LEN from the
@@ -149,7 +149,8 @@ class WatchedIterator:
         gpu = self._gpu
         token = gpu.begin() if gpu is not None else None
         probe = self._cpu_probe  # read once: the sampler thread may arm it meanwhile
-        cpu0 = thread_time_ns() if probe else 0
+        if probe:  # (one branch whether probed or not: the unprobed step pays nothing more)
+            cpu0, process_cpu0 = thread_time_ns(), process_time_ns()
         self._t_wait = t_call
         try:
             batch = next(it)
@@ -166,6 +167,7 @@ class WatchedIterator:
             self._cpu_probe = False
             totals = self._state.totals
             totals.wait_probe_cpu_ns += thread_time_ns() - cpu0
+            totals.wait_probe_process_cpu_ns += process_time_ns() - process_cpu0
             totals.wait_probe_ns += t_ret - t_call
         self._t_call = t_call
         self._t_ret = t_ret

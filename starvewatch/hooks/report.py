@@ -39,7 +39,8 @@ def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: st
 
 def recommendation_line(rec: dict) -> str:
     """One recommendation as one line: the loader, the change, its expected gain, the reason."""
-    gain = f" (expected {rec['expected_speedup']:.2f}x)" if rec.get("expected_speedup") else ""
+    from ..quantities import speedup_text
+    gain = f" (expected {speedup_text(rec)})" if rec.get("expected_speedup") else ""
     if rec.get("kind") == "protective":
         gain = " (protective: no speed-up" + (f"; {rec['risk']})" if rec.get("risk") else ")")
     # Advice that is not a DataLoader argument (lighter batches, GPU transforms) has no parameter.

@@ -227,6 +227,29 @@ class LoaderWatch:
                    if board.checkpoints.calls else {})}
 
 
+class LoopCpu:
+    """The training process's CPU time over the sampler intervals each loader's loop ran
+    through (its iterator open at both ends of the interval), added to the loader's totals:
+    the diagnosis's measured CPU share of the training process (model.py). One clock read
+    per tick on this thread; nothing on the training thread."""
+
+    def __init__(self) -> None:
+        self.last: tuple[int, int] | None = None
+        self.open_at_last: dict[int, bool] = {}
+
+    def tick(self, states) -> None:
+        now, cpu = time.perf_counter_ns(), time.process_time_ns()
+        last, self.last = self.last, (now, cpu)
+        for state in states:
+            ref = state.current
+            it = ref() if ref is not None else None
+            running = it is not None and not it._ended
+            if running and last is not None and self.open_at_last.get(id(state)):
+                state.totals.loop_process_cpu_ns += max(0, cpu - last[1])
+                state.totals.loop_wall_ns += max(0, now - last[0])
+            self.open_at_last[id(state)] = running
+
+
 class StallDetector:
     """A wait for one batch longer than max(min_s, factor x median wait) is a stall: reported
     once when it starts (with the worker states) and once when it ends."""
@@ -380,6 +403,7 @@ class Sampler(threading.Thread):
         host, host_tried = None, False
         process_states: dict[str, dict] = {}
         stalls = StallDetector(self.session)
+        loop_cpu = LoopCpu()
         host_every, gpu_every = settings.host_interval_s, settings.gpu_interval_s
         next_host = next_gpu = time.monotonic()
         gpu_enabled = True
@@ -416,6 +440,7 @@ class Sampler(threading.Thread):
                     lookup = (host.process_state if host is not None
                               else lambda pid: process_states.get(str(pid)))
                     snapshots, pids = {}, []
+                    loop_cpu.tick(list(self.session.loader_list))
                     for state in list(self.session.loader_list):
                         current = state.current() if state.current is not None else None
                         if current is not None:

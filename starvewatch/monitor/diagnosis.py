@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from .model import DEFAULT, LoaderFacts, Thresholds, speedup
+from .model import DEFAULT, LoaderFacts, Thresholds, speedup, speedup_range
 from .rules import RULES
 from .verification import joint_changes_note, verify
 
@@ -155,6 +155,7 @@ def _predict(recs: list[dict], facts: dict[str, LoaderFacts], t: Thresholds) -> 
             if gain < t.min_gain:
                 continue
             r["expected_speedup"] = round(gain, 3)
+            _add_range(r, speedup_range(f, config, what_if, t))
         out.append(r)
     return out
 
@@ -170,7 +171,14 @@ def _plans(recs: list[dict], facts: dict[str, LoaderFacts]) -> list[dict]:
         plans.append({"loader": name, "config": kwargs,
                       "changes": {r["parameter"]: r["suggested"] for r in mine},
                       "expected_speedup": round(speedup(f, {**f.config, **kwargs}), 3)})
+        _add_range(plans[-1], speedup_range(f, {**f.config, **kwargs}))
     return plans
+
+
+def _add_range(prediction: dict, ends: tuple[float, float] | None) -> None:
+    """`expected_speedup_range` [low, high] beside the point, where the uncertainty is large."""
+    if ends is not None:
+        prediction["expected_speedup_range"] = [round(ends[0], 3), round(ends[1], 3)]
 
 
 def diagnose(summary: dict, loaders, *, system=None, previous=None, run=None,

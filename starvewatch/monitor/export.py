@@ -10,6 +10,7 @@ import re
 
 from .findings import finding_line, stall_where
 from .markdown_text import md_block, md_code, md_text
+from ..quantities import speedup_text
 from .diagnosis import joint_changes_note
 
 CSV_COLUMNS = ("run", "rank", "loader", "epoch", "step", "start_ns", "wait_ms", "compute_ms", "other_ms",
@@ -108,7 +109,7 @@ def to_markdown(summary: dict) -> str:
         lines.append("None: this run is not starved for data.")
     for i, r in enumerate(summary["recommendations"], 1):
         what = f"`{r['parameter']}={r['suggested']!r}` (now `{r['current']!r}`)" if r["parameter"] else f"{r['suggested']}"
-        gain = f", expected {r['expected_speedup']:.2f}x" if r.get("expected_speedup") else ""
+        gain = f", expected {speedup_text(r)}" if r.get("expected_speedup") else ""
         gain += " (measured by starvewatch tune)" if r.get("measured") else ""
         risk = f" Protects against: {r['risk']}." if r.get("kind") == "protective" and r.get("risk") else ""
         label = " (protective)" if r.get("kind") == "protective" else ""
@@ -188,7 +189,7 @@ def config_table_lines(summary: dict) -> list[str]:
                 lines.append(f"| {md_text(key)} | `{_config_cell(now)}` | |")
                 continue
             gain = " (protective)" if rec.get("kind") == "protective" else \
-                f" (expected {rec['expected_speedup']:.2f}x)" if rec.get("expected_speedup") else ""
+                f" (expected {speedup_text(rec)})" if rec.get("expected_speedup") else ""
             lines.append(f"| **{md_text(key)}** | `{_config_cell(now)}` | **→ `{_config_cell(repr(rec['suggested']))}`**{gain} |")
         lines.append("")
     return lines

@@ -3,8 +3,11 @@
 Per batch the loop waits `wait` and computes `compute` (ms). Loading one batch costs `load`
 (ms, on one worker). With N workers that overlap with compute, a step takes about
 max(compute, load / N) -- and when loading is CPU work, the host's cores bound it as well:
-load / cores. Add the hand-over of each batch, the workers' start-up (once if persistent,
-else every epoch) and the bursts a prefetch queue did not absorb.
+load / cores; where the training process's CPU was measured, the workers share the cores
+other processes leave with each other and with the training process (shared_cores_step),
+and an uncertain prediction also gets a range (speedup_range). Add the hand-over of each
+batch, the workers' start-up (once if persistent, else every epoch) and the bursts a prefetch
+queue did not absorb.
 
 `step_ms(facts, config, what_if)` predicts the step for any DataLoader configuration (and for
 changes that are not DataLoader arguments, as `what_if` factors); a set of changes is
@@ -41,6 +44,7 @@ class Thresholds:
     min_gain: float = 1.02                # predictions under 2% are not worth a recommendation
     worker_transfer_ms: float = 0.5       # handing a batch from a worker to the loop, when unmeasured
     worker_startup_ms: float = 60.0       # spawning the workers of one epoch, when unmeasured
+    range_min_spread: float = 0.2         # a speed-up range is given when high > low x (1 + this)
 
 
 DEFAULT = Thresholds()
@@ -190,6 +194,7 @@ class LoaderFacts:
             if self.bursty else prefetch
         gpu = self.system.get("gpu_util_mean")
         self.gpu_busy_fraction = gpu / 100 if gpu is not None else None
+        measure_cpu_sharing(self, totals)
 
     def _busy_threshold(self, t: Thresholds) -> float:
         return t.cpu_busy_fraction_saturated if self.host_cpu_saturated else t.cpu_busy_fraction
@@ -224,8 +229,82 @@ class LoaderFacts:
             out["wait_cpu_fraction"] = round(self.probe_cpu_fraction, 3)
         if self.worker_cpu_fraction is not None:
             out["worker_cpu_fraction"] = round(self.worker_cpu_fraction, 3)
+        if self.main_cpu_ms is not None:  # what CPU-bound loading shares the cores with
+            out.update(main_cpu_ms=round(self.main_cpu_ms, 3), others_cores=round(self.others_cores, 3))
         out.update(extra)
         return out
+
+
+def measure_cpu_sharing(f: LoaderFacts, totals) -> None:
+    """What CPU-bound loading shares the cores with, all measured (docs/diagnosis.md):
+    - `process_cpu_cores`: the training process's CPU time (all its threads) per second of
+      its loop, read by the sampler thread over the intervals the loop ran through (else the
+      run's mean process CPU); `main_cpu_ms` is its part per step that is not loading (with
+      num_workers=0 the loading's process CPU during the sampled waits is taken out): the
+      work that stays in the training process and competes with the workers for cores;
+    - `thread_share`: the CPU time over wall time of loading that is CPU work (the training
+      thread's while it loaded, or the workers'): 1 when a core was always there for it;
+    - `others_cores` (`others_cores_max`): the host's busy cores that were not this process
+      or its workers (mean and peak; the workers' from the CPU time of their fetches). They are taken as kept by the other processes, more
+      workers or not: Linux shares a busy CPU between process groups (autogroups, cgroups),
+      not between threads. Inside a CPU quota, or with several ranks on a host (their cores
+      are split already), none are counted."""
+    f.process_cpu_cores = f.process_cpu_source = None
+    if totals.loop_wall_ns >= 200_000_000:
+        f.process_cpu_cores, f.process_cpu_source = totals.loop_process_cpu_ns / totals.loop_wall_ns, "loop"
+    elif f.system.get("process_cpu_pct_mean") is not None:
+        f.process_cpu_cores, f.process_cpu_source = f.system["process_cpu_pct_mean"] / 100, "run"
+    f.main_cpu_ms = None
+    if f.process_cpu_cores is not None:
+        process_ms = f.process_cpu_cores * f.step
+        if f.workers:
+            f.main_cpu_ms = process_ms
+        elif f.workers == 0 and f.probe_cpu_fraction is not None:
+            waits = (totals.wait_probe_process_cpu_ns / totals.wait_probe_ns
+                     if totals.wait_probe_process_cpu_ns else f.probe_cpu_fraction)
+            f.main_cpu_ms = max(0.0, process_ms - f.wait * waits)
+    loading = f.worker_cpu_fraction if f.workers else f.probe_cpu_fraction
+    f.thread_share = min(1.0, loading) if loading else None
+    f.others_cores = f.others_cores_max = 0.0
+    quota = f.system.get("cpu_quota_cores")
+    count = f.system.get("cpu_count")
+    if quota is None and f.ranks_per_host == 1 and count and f.process_cpu_cores is not None:
+        # This process's cores, and its workers': each batch is loaded once, with the workers'
+        # measured CPU fraction (their sampled CPU percentages start at 0 and miss short runs).
+        ours = f.process_cpu_cores
+        if f.workers and f.worker_cpu_fraction is not None:
+            ours += f.load * f.worker_cpu_fraction / max(f.step, 1e-9)
+        for key, attr in (("cpu_pct_mean", "others_cores"), ("cpu_pct_max", "others_cores_max")):
+            if f.system.get(key) is not None:
+                setattr(f, attr, max(0.0, f.system[key] / 100 * count - ours))
+        f.others_cores_max = max(f.others_cores, f.others_cores_max)
+
+
+def shared_cores_step(f: LoaderFacts, workers: int, load: float, compute: float, handover: float,
+                      others_cores: float) -> tuple[float, float]:
+    """(loading-or-compute time per batch, the share of a core each runnable thread gets) for
+    CPU-bound loading in `workers` workers that share the cores the host's other processes
+    leave (`f.cores` - `others_cores`) with each other and the training process: each busy
+    worker and the training process (its CPU per step over the step) are runnable threads
+    with an equal share, min(1, free cores / runnable). Solved as a fixed point (a step's
+    length sets how busy each is, which sets the share)."""
+    share_now = f.thread_share or 1.0
+    free = max(1e-3, f.cores - others_cores)
+    load_cpu = load * share_now                     # CPU time of one batch's loading
+    main_cpu = (f.main_cpu_ms or 0.0) + (0.0 if f.workers else handover)
+    # The part of compute that was CPU work ran at the share measured; the rest (GPU, sleeps) waits.
+    compute_cpu_wall = min(compute, (f.main_cpu_ms or 0.0) / share_now)
+    compute_idle = compute - compute_cpu_wall
+    step, share = max(compute, load / workers), 1.0
+    for _ in range(100):
+        busy_workers = min(float(workers), load_cpu / max(1e-9, share * step))
+        main_busy = main_cpu / max(1e-9, share * step)
+        share = min(1.0, free / max(1e-9, busy_workers + main_busy))
+        new = max(compute_idle + compute_cpu_wall * share_now / share, load_cpu / (workers * share))
+        if abs(new - step) < 1e-6 * step:
+            break
+        step = 0.5 * (step + new)  # damped: the share and the step pull each other
+    return step, share
 
 
 def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
@@ -233,7 +312,8 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     arguments) and `what_if` (`load_scale`: loading cost kept; `batch_scale`: samples per
     step; `handover_ms`: the main process's share of each batch; `resharded`: every configured
     worker serves, as after resharding into enough shards, else no more than the workers that
-    served do). Divided by batch_scale, so ratios are per-sample speed-ups."""
+    served do; `others_cores`: other processes' busy cores; `unmeasured_scale`: the unmeasured
+    costs scaled). Divided by batch_scale, so ratios are per-sample speed-ups."""
     what_if = what_if or {}
     scale = what_if.get("batch_scale", 1.0)
     before, after = f.config.get("batch_size"), config.get("batch_size")
@@ -251,20 +331,49 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
         step = compute + load
     else:
         step = max(compute, load / serving)
-        if f.cpu_busy:
-            step = max(step, load / f.cores)  # the workers share the host's cores
-        starts = 1 if config.get("persistent_workers") else f.epochs
         # An epoch's start is the workers' spawn plus their first batch's load, which lighter
         # loading shortens too.
         startup = max(0.0, f.startup - f.load * (1 - what_if.get("load_scale", 1.0)))
+        # `unmeasured_scale` bends the costs no run measured (a range's ends: speedup_range).
+        unmeasured = what_if.get("unmeasured_scale", 1.0)
+        handover = what_if.get("handover_ms", f.transfer) * (1.0 if f.workers else unmeasured)
+        if f.cpu_busy and f.main_cpu_ms is not None:
+            # The workers share the cores with each other, the training process and the
+            # host's other processes (measured: measure_cpu_sharing).
+            step, share = shared_cores_step(f, serving, load, compute, handover,
+                                            what_if.get("others_cores", f.others_cores))
+            if not f.respawn:  # unmeasured: the spawn, then every worker's first batch at once,
+                # both CPU work at the share of a core each thread gets
+                startup = (f.startup * unmeasured + load * (f.thread_share or 1)) / share
+        elif f.cpu_busy:
+            step = max(step, load / f.cores)  # the workers share the host's cores
         prefetch = config.get("prefetch_factor") or 2
         current = f.config.get("prefetch_factor") or 2
         unabsorbed = 1.0 if prefetch <= current else max(
             0.0, 1 - (prefetch - current) / max(1, f.prefetch_needed - current))
-        step += what_if.get("handover_ms", f.transfer) + startup * starts / max(1, f.steps) + f.burst_excess * unabsorbed
+        starts = 1 if config.get("persistent_workers") else f.epochs
+        step += handover + startup * starts / max(1, f.steps) + f.burst_excess * unabsorbed
     return step / scale
 
 
 def speedup(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     """Measured step now over the predicted step after (both per sample)."""
     return f.step / max(1e-9, step_ms(f, config, what_if))
+
+
+def speedup_range(f: LoaderFacts, config: dict, what_if: dict | None = None,
+                  t: Thresholds = DEFAULT) -> tuple[float, float] | None:
+    """(low, high) speed-up where the prediction rests on what one run cannot pin down, else
+    None: for CPU-bound loading in workers, the host's other processes (low: their peak load
+    all along; high: none) and the costs no run measured (the hand-over of a batch and the
+    workers' start-up when the run had no workers: low twice, high half the default). Only
+    when the ends are more than `range_min_spread` apart: a narrow range says nothing more
+    than its point."""
+    what_if = what_if or {}
+    if not (config.get("num_workers") and f.cpu_busy and f.main_cpu_ms is not None):
+        return None
+    low = speedup(f, config, {**what_if, "others_cores": f.others_cores_max, "unmeasured_scale": 2.0})
+    high = speedup(f, config, {**what_if, "others_cores": 0.0, "unmeasured_scale": 0.5})
+    point = speedup(f, config, what_if)
+    low, high = min(low, point), max(high, point)
+    return (low, high) if high > low * (1 + t.range_min_spread) else None

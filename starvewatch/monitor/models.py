@@ -63,6 +63,9 @@ class LoaderTotalsModel(Strict):
     dropped_records: NonNegInt = 0
     wait_probe_ns: NonNegInt = 0
     wait_probe_cpu_ns: NonNegInt = 0
+    wait_probe_process_cpu_ns: NonNegInt = 0
+    loop_process_cpu_ns: NonNegInt = 0
+    loop_wall_ns: NonNegInt = 0
     other_loaders_wait_ns: NonNegInt = 0
     shared_compute_ns: NonNegInt = 0
 
