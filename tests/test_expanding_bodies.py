@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from benchmarks.procfs import peak_rss_bytes
 from starvewatch.monitor.json_bounds import (FREE_FORM_MAX_DEPTH, FREE_FORM_MAX_ITEMS, MAX_JSON_VALUES,
                                               free_form_problem, json_values_problem)
-from tests.test_front_door import rss_peak_bytes
 from tests.test_security import JSON, call
 
 GZIP = {**JSON, "Content-Encoding": "gzip"}
@@ -32,9 +32,9 @@ def test_eleven_million_empty_objects_in_a_sample_are_refused_cheaply(collector)
     assert len(body) < 32 * 2**20
     packed = gzip.compress(body, compresslevel=9)
     assert len(packed) < 40_000  # ~33 KB on the wire
-    before = rss_peak_bytes(c.proc.pid)
+    before = peak_rss_bytes(c.proc.pid)
     status, _, answer = call(c, "POST", "/api/v1/ingest", GZIP, packed)
-    grown = rss_peak_bytes(c.proc.pid) - before
+    grown = peak_rss_bytes(c.proc.pid) - before
     assert status == 413 and b"JSON values" in answer, (status, answer[:300])
     assert grown < 100 * 2**20, f"the collector grew by {grown / 2**20:.0f} MiB"
     # Nothing of it was stored, and reading the collector stays fast.
