@@ -134,7 +134,7 @@ class WatchedIterator:
         return self
 
     def __next__(self):
-        """The general path: first batch of an epoch, batch-size probing, CUDA events."""
+        """The general path: first batch of an epoch, a batch size that changed, CUDA events."""
         t_call = _now()
         if self._segment is not None:
             self._leave_fast()
@@ -177,8 +177,11 @@ class WatchedIterator:
         if self._first:
             self._first_batch(batch)
         elif self._probe_bs:
-            self._bs = leading_dim(batch)
-        if token is None and not user_marked and not self._probe_bs and not self._marked and not self._extra_wait:
+            bs = leading_dim(batch)
+            if bs != self._bs:  # a new batch size: the fast path again once it repeats (a loader
+                self._bs = bs   # whose sizes vary batch to batch stays here, without a Segment each)
+                return batch
+        if token is None and not user_marked and not self._marked and not self._extra_wait:
             # (the first step closes here, with its start-up); with CUDA events, the fast path
             # runs the steps between two measured ones
             if gpu is not None:
@@ -270,6 +273,15 @@ class WatchedIterator:
         self.__class__ = WatchedIterator
         self._leave_fast()  # the step was closed by the call's clock read; none is open
         self._failed(exc, t_call)
+
+    def _fast_new_batch_size(self, t_call: int, t_ret: int, bs) -> None:
+        """The fast path's batch (returned at t_ret) has another leading dimension than the
+        segment's (both cores): the segment ends with its call, and this step is the general
+        path's, which records it with its own batch size."""
+        self.__class__ = WatchedIterator
+        self._leave_fast()  # the last read is t_call, which closed the step before
+        self._t_call, self._t_ret, self._bs = t_call, t_ret, bs
+        self._open = True
 
     def _gpu_fast_drop(self, t_call: int) -> None:
         """The CUDA fast path's step closed by `t_call` finds the buffer full (both cores)."""
@@ -396,11 +408,13 @@ class WatchedIterator:
 
 class FastWatchedIterator(WatchedIterator):
     """The steady state of an epoch: what almost every batch runs. An iterator is switched to
-    this class after a batch with an open, unmarked step, no CUDA events and no batch-size
-    probing, and back to the full path by anything that needs it (`mark()`, a CPU probe, the
-    shipper starting a new segment, an exception, the end of the epoch), which reads the step
-    and the clocks back from the segment. So the hot path is one length check and two clock
-    reads appended to a list (~300 ns on a 2-core VM where each read is ~65 ns)."""
+    this class after a batch with an open, unmarked step, no CUDA events and the batch size of
+    the one before, and back to the full path by anything that needs it (`mark()`, a CPU probe,
+    the shipper starting a new segment, an exception, the end of the epoch, a batch of another
+    size where the size is read from each batch), which reads the step and the clocks back from
+    the segment. So the hot path is one length check and two clock reads appended to a list
+    (~300 ns on a 2-core VM where each read is ~65 ns), plus `leading_dim()` of the batch for a
+    loader whose batch size its settings do not give (a list, a generator, a batch_sampler)."""
 
     __slots__ = ()
 
@@ -416,6 +430,14 @@ class FastWatchedIterator(WatchedIterator):
         except BaseException as exc:
             self._fast_failed(exc, t_call)
             raise
+        if self._probe_bs:  # no batch size from the loader's settings: each batch's is read
+            t_ret = _now()
+            bs = leading_dim(batch)
+            if bs != self._bs:
+                self._fast_new_batch_size(t_call, t_ret, bs)
+            else:
+                times.append(t_ret)
+            return batch
         times.append(_now())
         return batch
 
@@ -450,6 +472,8 @@ class FastGpuWatchedIterator(WatchedIterator):
         self._t_wait = 0
         self._t_call = t_call
         self._t_ret = _now()
+        if self._probe_bs:  # no batch size from the loader's settings: each batch's is read
+            self._bs = leading_dim(batch)
         return batch
 
 
