@@ -420,3 +420,73 @@ def test_an_exception_on_the_cuda_path_reaches_the_loop_and_every_step_is_kept(h
     summary = starvewatch.finish()
     assert summary["loaders"][0]["steps"] == 200
     assert [r[2] for r in _rows(transport)] == list(range(200))
+
+
+class _Shaped:
+    def __init__(self, shape) -> None:
+        self.shape = shape
+
+
+class _ShapeRaises:
+    @property
+    def shape(self):
+        raise ValueError("no shape today")
+
+
+class _Pair(tuple):  # a namedtuple-like subclass
+    pass
+
+
+class _ListOfOther(list):
+    def __getitem__(self, i):
+        return _Shaped((5, 1))
+
+
+class _DictOfOther(dict):
+    def values(self):
+        return [_Shaped((6,))]
+
+
+def _odd_batches() -> list:
+    """Batches that hooks/introspect.py's leading_dim reads in every way it can (or cannot)."""
+    import numpy as np
+    import torch
+    return [
+        _Shaped((3, 2)), _Shaped(()), _Shaped(5), _Shaped((2.9,)), _Shaped(("x",)), _Shaped(None),
+        _ShapeRaises(), _Pair((torch.zeros(4, 1), 0)), _ListOfOther([1]), _DictOfOther(a=1), [], {}, (),
+        "text", np.zeros((7, 3)), [[torch.zeros(9)]], [[[torch.zeros(9)]]], {"x": (torch.zeros(11, 2),)},
+    ]
+
+
+@pytest.mark.parametrize("hot_path_core", ["python", "c"], indirect=True)
+def test_the_fast_paths_batch_size_probe_reads_every_odd_batch_as_leading_dim_does(hot_path_core):
+    """Each odd batch comes on the fast path (after a run of batches of 8): the compiled probe
+    must give what the Python function gives, for what it reads and for what it cannot."""
+    import torch
+
+    from starvewatch.hooks.introspect import leading_dim
+    batches = [torch.zeros(8, 2)] * 4
+    for odd in _odd_batches():
+        batches += [odd] + [torch.zeros(8, 2)] * 4
+    expected = [leading_dim(b) for b in batches]
+    assert {3, 2, 4, 5, 6, 7, 9, 11, None} <= set(expected)  # the batches do try every branch
+    transport = MemoryTransport()
+    session = starvewatch.init("odd-batches", transport=transport)
+    # The shipper cycles after every batch (not on its timer): the fast path is entered again
+    # after a change as soon as the segment before was taken.
+    session.shipper._stop_requested.set()
+    session.shipper._wake.set()
+    session.shipper.join(5)
+    iterator = iter(starvewatch.watch(batches, name="train"))
+    odd_on_fast_path = 0
+    for i, _ in enumerate(iterator):
+        # the iterator's class at the batch before an odd one: the path that takes the odd one
+        if i % 5 == 3 and i + 1 < len(batches):
+            odd_on_fast_path += type(iterator) is loader.FastWatchedIterator
+        session.shipper.cycle()
+    del iterator
+    session.shipper.cycle()  # the epoch's end
+    session.shipper = type(session.shipper)(session, session.shipper.pipeline)  # fresh, not started
+    starvewatch.finish()
+    assert [row[STEP_COLUMNS.index("batch_size")] for row in _rows(transport)] == expected
+    assert odd_on_fast_path == len(_odd_batches())
