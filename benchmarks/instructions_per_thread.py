@@ -14,7 +14,9 @@ MODE is one of the loops below, watched ones optionally naming the hot path's co
 
 How the count is kept quiet (issue 29): the epoch is started and W batches (default 200) taken
 before counting, so that only the steady state is counted (not worker or iterator start-up, nor
-the first step's general path); the N batches counted run inside one `functools.reduce` call,
+the first step's general path); every object is then frozen out of the garbage collector's
+scans (gc.freeze: a collection in the window costs what the young objects cost, not a scan of
+all of torch's); the N batches counted run inside one `functools.reduce` call,
 and the training thread's figure is callgrind's inclusive cost of that call on that thread alone
 (--separate-threads): nothing of the monitor's threads, of the toggling, of the wait for the
 shipper. The process figure is everything counted in the window (all threads: the shipper's
@@ -99,7 +101,12 @@ def _counted_child(mode, n, warm, loader, train, starvewatch):
         deadline = time.monotonic() + 60
         while session.shipper.shipped_records < warm - 2 and time.monotonic() < deadline:
             time.sleep(0.05)
+    # Every object so far out of the collector's reach: a collection in the window (the shipper's
+    # allocations trigger them too) scans the young objects only, not torch's hundreds of
+    # thousands, whichever thread it lands on (a full one is millions of instructions: one more
+    # or less in a run moved the train step's figure by thousands per batch).
     gc.collect()
+    gc.freeze()
     ctl(True)
     t = time.perf_counter()
     functools.reduce(lambda _a, _b: run(n), (0, 0))  # the window: WINDOW_FN's inclusive cost
@@ -183,12 +190,15 @@ def main(argv):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warm", type=int, default=200)
     parser.add_argument("--out")
+    parser.add_argument("--perturb", action="store_true",
+                        help="each repeat with an environment of another size (a dummy variable): the memory "
+                             "layout moves, and with it what hashing by address costs; the spread then shows it")
     parser.add_argument("--merge", action="store_true",
                         help="keep the other modes of an existing --out file (modes run with another N)")
     args = parser.parse_args(argv)
     n = args.batches
-    record = results_io.started(args, quick=n < 2000 or args.repeats < 3)
-    results = {"measured_at": record["measured_at"], "cpu_count": os.cpu_count(),
+    record = results_io.started(args, quick=n < 1000 or args.repeats < 2)
+    results = {"measured_at": record["measured_at"], "cpu_count": os.cpu_count(), "perturbed": args.perturb,
                "load_average": list(os.getloadavg()), "batches": n, "repeats": args.repeats, "warm": args.warm,
                "quick": record["quick"], "method": "training thread: inclusive instructions of the counted loop "
                "(steady state, after warm-up) on its own thread; min over repeats in fresh processes",
@@ -202,7 +212,9 @@ def main(argv):
     for r in range(args.repeats):
         for m in args.modes:  # alternating: a drift of the machine touches every mode alike
             mode, _, core = m.partition(":")
-            run_env = dict(env, STARVEWATCH_CORE=core) if core else env
+            run_env = dict(env, STARVEWATCH_CORE=core) if core else dict(env)
+            if args.perturb:
+                run_env["STARVEWATCH_BENCH_PAD"] = "x" * (4099 * r + 13 * len(m))
             per, loop, s = counted(mode, n, args.warm, run_env)
             runs[m].append({"loop": loop, "process": sum(per.values()), "threads": per, "loop_s": s})
             print(f"repeat {r + 1} {m}: training thread {loop / n:,.1f}/batch, process {sum(per.values()) / n:,.1f}"
