@@ -23,6 +23,9 @@ shipper. The process figure is everything counted in the window (all threads: th
 work on these records included). Each mode runs R times (default 3), alternating with the
 others, in fresh processes; the figure is the minimum, and `spread` (max - min over the
 repeats) says how quiet it was: the bare loop's spread is the noise floor of a difference.
+With --perturb each repeat runs with an environment of another size, which moves the memory
+layout: torch's per-batch cost moves with it (hashing by address) by hundreds to thousands of
+instructions, a floor that identical repeats would hide (docs/performance.md).
 
 Writes benchmarks/results/instructions_per_thread.json with --out; else
 benchmarks/results/instructions_per_thread-<modes>.json. KEEP=1 copies the callgrind files to
