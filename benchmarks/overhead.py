@@ -134,15 +134,15 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated: plain,dataloader,p99,fast,train,startup,cuda "
                         "(the parts not run keep their figures in overhead.json)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="rounds of fresh processes for plain, fast and train (default 10; --quick 2)")
+                        help="rounds of fresh processes for plain, fast and train (default 8; --quick 2)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between two of those processes")
     parser.add_argument("--driver-ns", type=int, default=2000,
                         help="assumed host cost of one cudaEventRecord for the CUDA stand-in (ns)")
     args = parser.parse_args()
     n, batches, loop_s, repeats = (100_000, 2_000, 3.0, 2) if args.quick else (1_000_000, 20_000, 30.0, 6)
     only = set(args.only.split(",")) if args.only else None
-    # fewer rounds of fresh processes than the default 10 is a shortened run too
-    results = results_io.started(args, args.quick or (args.rounds is not None and args.rounds < 10))
+    # fewer rounds of fresh processes than the default 8 is a shortened run too
+    results = results_io.started(args, args.quick or (args.rounds is not None and args.rounds < 8))
 
     fresh_loops(args, only, results)  # plain, fast, train: benchmarks/overhead_fresh.py, both cores
     new_loops(args, only, results)  # issue 20's loops: benchmarks/overhead_loops.py
@@ -207,7 +207,7 @@ def fresh_loops(args, only, results: dict) -> None:
     loops = [loop for loop in FRESH if only is None or loop in only]
     if not loops:
         return
-    rounds = args.rounds or (2 if args.quick else 10)
+    rounds = args.rounds or (2 if args.quick else 8)
     figures = overhead_fresh.measure(loops, rounds, args.interval, args.quick)
     for loop, f in figures.items():
         results[FRESH[loop]] = f

@@ -123,8 +123,10 @@ def _plain(r: dict) -> str:
     if "cores" not in r:  # a results file from before both cores were measured
         return f"**{r['added_ns']:,.0f} ns** (training thread's CPU {r['thread_cpu_added_ns']:,.0f} ns)"
     wall, cpu = _by_core(r, "added_ns", "+,.0f"), _by_core(r, "thread_cpu_added_ns", "+,.0f")
+    best = (f"; best of rounds {_by_core(r, 'added_ns_best', '+,.0f')[0]} / {_by_core(r, 'added_ns_best', '+,.0f')[1]} ns"
+            if "added_ns_best" in r["cores"]["c"] else "")
     return (f"**C core {wall[0]} ns**, Python core {wall[1]} ns (training thread's CPU {cpu[0]} / {cpu[1]} ns) "
-            f"over {r['bare_ns_per_batch']:,.0f} ns bare; median of {r['rounds']} rounds of fresh processes")
+            f"over {r['bare_ns_per_batch']:,.0f} ns bare; median of {r['rounds']} rounds of fresh processes{best}")
 
 
 def _loop(r: dict) -> str:
@@ -132,9 +134,11 @@ def _loop(r: dict) -> str:
         return f"**{r['added_pct']:+.1f}%** wall; training thread's CPU {r['thread_cpu_added_pct']:+.1f}%"
     wall, cpu = _by_core(r, "added_pct", "+.1f"), _by_core(r, "thread_cpu_added_pct", "+.1f")
     sidecar = _by_core(r, "sidecar_cpu_us_per_batch", ".2f")
+    best = (f"; best of rounds {_by_core(r, 'added_pct_best', '+.1f')[0]}% / {_by_core(r, 'added_pct_best', '+.1f')[1]}%"
+            if "added_pct_best" in r["cores"]["c"] else "")
     return (f"**C core {wall[0]}%**, Python core {wall[1]}% wall (training thread's CPU {cpu[0]}% / {cpu[1]}%; "
             f"apart: sidecar {sidecar[0]} / {sidecar[1]} µs CPU per batch) over {r['bare_ns_per_batch'] / 1e3:.1f} µs "
-            f"bare; median of {r['rounds']} rounds of fresh processes")
+            f"bare; median of {r['rounds']} rounds of fresh processes{best}")
 
 
 def _default_core(r: dict) -> dict:
