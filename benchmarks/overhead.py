@@ -1,8 +1,10 @@
-"""Overhead of `starvewatch.watch()` on the training thread (with vs without, in one run).
+"""Overhead of `starvewatch.watch()` on the training thread (with vs without).
 
-    python benchmarks/overhead.py [--quick]
+    python benchmarks/overhead.py [--quick] [--only PARTS] [--rounds R] [--interval S]
 
-Prints: ns per batch added over bare iteration of a 1M-item iterator; % slowdown of a
+Prints: for both hot-path cores, from alternating fresh processes (benchmarks/overhead_fresh.py),
+ns per item added over bare iteration of a list, and the % that `watch()` adds to a fast
+DataLoader(batch_size=1) loop and to a tiny train step, the sidecar's CPU apart; % slowdown of a
 DataLoader(TensorDataset, batch_size=64, num_workers=0) loop over 20k batches; and a 30 s loop
 of 1 ms steps (30 s on each side, alternating segments) with the shipping thread busy: p99 step
 time against the same loop unwatched, and the longest time the training thread was held up
@@ -13,6 +15,7 @@ benchmarks/results/overhead.json.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -29,7 +32,7 @@ os.environ.setdefault("STARVEWATCH_DIR", "/tmp/starvewatch-bench")
 import starvewatch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
-from benchmarks import overhead_loops, results_io  # noqa: E402
+from benchmarks import overhead_fresh, overhead_loops, results_io  # noqa: E402
 from benchmarks.ticker import timed_steps  # noqa: E402
 
 
@@ -38,30 +41,6 @@ def settle() -> None:
     for thread in threading.enumerate():
         if thread.name.startswith("starvewatch"):
             thread.join(30)
-
-
-def bare_iteration_ns(n: int, repeats: int) -> tuple[float, float, float, float]:
-    """Best-of-repeats ns per item, bare and watched: wall time (which includes the shipper
-    thread's share of the GIL while it processes records during the loop) and the training
-    thread's own CPU time (what the hot path itself adds)."""
-    items = list(range(n))
-    best = {"bare": float("inf"), "watched": float("inf"), "bare_cpu": float("inf"), "watched_cpu": float("inf")}
-    for _ in range(repeats):
-        t, c = time.perf_counter_ns(), time.thread_time_ns()
-        for _ in items:
-            pass
-        best["bare_cpu"] = min(best["bare_cpu"], (time.thread_time_ns() - c) / n)
-        best["bare"] = min(best["bare"], (time.perf_counter_ns() - t) / n)
-        starvewatch.init("overhead-bare")
-        watched = starvewatch.watch(items)
-        t, c = time.perf_counter_ns(), time.thread_time_ns()
-        for _ in watched:
-            pass
-        best["watched_cpu"] = min(best["watched_cpu"], (time.thread_time_ns() - c) / n)
-        best["watched"] = min(best["watched"], (time.perf_counter_ns() - t) / n)
-        starvewatch.finish(quiet=True)
-        settle()
-    return best["bare"], best["watched"], best["bare_cpu"], best["watched_cpu"]
 
 
 def dataloader_slowdown(batches: int, repeats: int) -> tuple[float, float]:
@@ -152,25 +131,24 @@ def p99(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    parser.add_argument("--only", help="comma-separated: plain,dataloader,p99,fast,train,startup,cuda")
+    parser.add_argument("--only", help="comma-separated: plain,dataloader,p99,fast,train,startup,cuda "
+                        "(the parts not run keep their figures in overhead.json)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of fresh processes for plain, fast and train (default 8; --quick 2)")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between two of those processes")
     parser.add_argument("--driver-ns", type=int, default=2000,
                         help="assumed host cost of one cudaEventRecord for the CUDA stand-in (ns)")
     args = parser.parse_args()
     n, batches, loop_s, repeats = (100_000, 2_000, 3.0, 2) if args.quick else (1_000_000, 20_000, 30.0, 6)
     only = set(args.only.split(",")) if args.only else None
-    results = results_io.started(args, args.quick)  # when, cores, load, arguments
+    # fewer rounds of fresh processes than the default 8 is a shortened run too
+    results = results_io.started(args, args.quick or (args.rounds is not None and args.rounds < 8))
 
+    fresh_loops(args, only, results)  # plain, fast, train: benchmarks/overhead_fresh.py, both cores
     new_loops(args, only, results)  # issue 20's loops: benchmarks/overhead_loops.py
-    if only is not None and not only & {"plain", "dataloader", "p99"}:
-        finish_report(results)
+    if only is not None and not only & {"dataloader", "p99"}:
+        finish_report(results, only)
         return
-
-    bare, watched, bare_cpu, watched_cpu = bare_iteration_ns(n, repeats)
-    results["plain_iterator"] = {"items": n, "bare_ns": bare, "watched_ns": watched,
-                                 "added_ns": watched - bare, "thread_cpu_added_ns": watched_cpu - bare_cpu}
-    print(f"bare iteration of {n:,} items: {bare:.0f} ns/item bare, {watched:.0f} ns/item watched "
-          f"-> {watched - bare:.0f} ns added per batch in wall time (target <= 1000); the training "
-          f"thread's own CPU: {watched_cpu - bare_cpu:.0f} ns added per batch")
 
     bare_s, watched_s, ratio, cpu_share, sidecar_share, cpu_ratio = dataloader_slowdown(batches, repeats * 2)
     print(f"DataLoader(TensorDataset, batch_size=64, num_workers=0), {batches:,} batches: best of "
@@ -213,7 +191,7 @@ def main() -> None:
                         "holdups": {"watched": pauses[True], "bare": pauses[False]},
                         "text": f"{pauses[True]['longest_ms']:.2f} ms watched, {pauses[False]['longest_ms']:.2f} ms bare"}
     print(f"threads: {[t.name for t in threading.enumerate()]}", file=sys.stderr)
-    finish_report(results)
+    finish_report(results, only)
 
 
 # ---- issue 20: the loops where users feel the overhead (benchmarks/overhead_loops.py) -------
@@ -221,14 +199,25 @@ def main() -> None:
 RESULTS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "overhead.json")
 
 
+FRESH = {"plain": "plain_iterator", "fast": "fast_dataloader", "train": "train_step"}  # loop -> results key
+
+
+def fresh_loops(args, only, results: dict) -> None:
+    """The plain iterator and the fast loops, for both cores, from alternating fresh processes."""
+    loops = [loop for loop in FRESH if only is None or loop in only]
+    if not loops:
+        return
+    rounds = args.rounds or (2 if args.quick else 8)
+    figures = overhead_fresh.measure(loops, rounds, args.interval, args.quick)
+    for loop, f in figures.items():
+        results[FRESH[loop]] = f
+        print(overhead_fresh.describe(loop, f), flush=True)
+
+
 def new_loops(args, only, results: dict) -> None:
     loops = overhead_loops
     quick = args.quick
     wanted = (lambda key: only is None or key in only)
-    if wanted("fast"):
-        results["fast_dataloader"] = loops.fast_dataloader(5_000 if quick else 20_000, 4 if quick else 12)
-    if wanted("train"):
-        results["train_step"] = loops.train_step(1_000 if quick else 4_000, 4 if quick else 12)
     if wanted("startup"):
         results["startup"] = loops.startup(2 if quick else 8)
     if wanted("cuda"):
@@ -236,9 +225,24 @@ def new_loops(args, only, results: dict) -> None:
     print(loops.table(results), flush=True)
 
 
-def finish_report(results: dict) -> None:
+def finish_report(results: dict, only=None) -> None:
     print()
     print(overhead_loops.table(results))
+    if only is not None and os.path.exists(RESULTS_PATH):
+        # a partial run: the parts it did not run keep their figures, each with its own date
+        with open(RESULTS_PATH) as f:
+            before = json.load(f)
+        parts = set(FRESH.values()) | {"dataloader", "p99", "pause", "startup", "cuda_path"}
+        dates, quick = before.get("part_measured_at", {}), before.get("part_quick", {})
+        for key in parts:
+            if key in results:
+                dates[key], quick[key] = results["measured_at"], results["quick"]
+            elif key in before:
+                results[key] = before[key]
+                dates.setdefault(key, before.get("measured_at"))
+                quick.setdefault(key, bool(before.get("quick")))
+        results["part_measured_at"], results["part_quick"] = dates, quick
+        results["quick"] = any(quick.values())
     results_io.write(results, RESULTS_PATH)  # adds the load at the end
 
 

@@ -1,10 +1,7 @@
-"""The loops where users feel `watch()` (issue 20), for benchmarks/overhead.py.
-
-Each figure is a wall-clock ratio within one process: bare and watched runs alternate (bare
-first, then watched first), every watched run is a whole run (init, sidecar, finish), and the
-figure is the median of the pairs' ratios, so the drift of a shared host hits both sides alike.
-The training thread's own CPU time is reported beside it (what the hot path itself adds, without
-the other processes' share of the cores). Start-up is measured in fresh processes.
+"""The loops where users feel `watch()` (issue 20), for benchmarks/overhead.py: start-up and the
+CUDA-event path here; the plain iterator and the fast loops are measured for both hot-path cores
+in alternating fresh processes by benchmarks/overhead_fresh.py (issue 29: an in-process
+alternation left each watched run's threads and memory to the bare run after it).
 """
 from __future__ import annotations
 
@@ -24,91 +21,6 @@ def _settle() -> None:
     for thread in threading.enumerate():
         if thread.name.startswith("starvewatch"):
             thread.join(30)
-
-
-def _paired(run, repeats: int) -> dict:
-    """run(watched) -> (wall_s, thread_cpu_s, batches); alternating pairs, medians."""
-    run(False)  # warm-up: first-touch costs would count against whichever side runs first
-    _SIDECAR_CPU.clear()
-    pairs = []
-    for i in range(repeats):
-        order = (False, True) if i % 2 == 0 else (True, False)
-        pairs.append({watched: run(watched) for watched in order})
-    wall = [p[True][0] / p[False][0] for p in pairs]
-    cpu = [p[True][1] / p[False][1] for p in pairs]
-    batches = pairs[0][False][2]
-    return {
-        "batches": batches, "repeats": repeats,
-        "bare_us_per_batch": statistics.median(p[False][0] for p in pairs) / batches * 1e6,
-        "watched_us_per_batch": statistics.median(p[True][0] for p in pairs) / batches * 1e6,
-        "added_pct": 100 * (statistics.median(wall) - 1),
-        "added_pct_quartiles": [100 * (q - 1) for q in statistics.quantiles(wall, n=4)] if len(wall) > 1 else None,
-        "thread_cpu_added_pct": 100 * (statistics.median(cpu) - 1),
-        # up to its last tick (what it still does at finish() is not counted)
-        "sidecar_cpu_us_per_batch": statistics.median(_SIDECAR_CPU) * 1e6 if _SIDECAR_CPU else None,
-    }
-
-
-def _loop(make_loader, step, watched: bool, name: str):
-    loader = make_loader()
-    if watched:
-        starvewatch.init(name)
-        loader = starvewatch.watch(loader)
-    n = 0
-    t, c = time.perf_counter(), time.thread_time()
-    for batch in loader:
-        step(batch)
-        n += 1
-    wall, cpu = time.perf_counter() - t, time.thread_time() - c
-    if watched:
-        session = starvewatch.hooks.session.current_session()
-        _SIDECAR_CPU.append(_process_cpu_s(session.sidecar.proc.pid) / n if session.sidecar else 0.0)
-        starvewatch.finish(quiet=True)
-        _settle()
-    return wall, cpu, n
-
-
-_SIDECAR_CPU: list[float] = []  # the sidecar's CPU seconds per batch, per watched run
-
-
-def _process_cpu_s(pid: int) -> float:
-    """CPU seconds used so far by a process (Linux /proc; 0 where unknown)."""
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def fast_dataloader(batches: int, repeats: int) -> dict:
-    """DataLoader(TensorDataset, batch_size=1, num_workers=0), step `b[0] + 1` (~25 µs a batch)."""
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-    data = TensorDataset(torch.randn(batches, 8))
-
-    def step(b):
-        b[0] + 1
-    return _paired(lambda w: _loop(lambda: DataLoader(data, batch_size=1, num_workers=0), step, w,
-                                   "overhead-fast-dataloader"), repeats)
-
-
-def train_step(batches: int, repeats: int) -> dict:
-    """The same loader, with a tiny nn.Linear train step (forward, backward, SGD)."""
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-    torch.manual_seed(0)
-    data = TensorDataset(torch.randn(batches, 8), torch.randn(batches, 1))
-    model = torch.nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-    def step(b):
-        x, y = b
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-    return _paired(lambda w: _loop(lambda: DataLoader(data, batch_size=1, num_workers=0), step, w,
-                                   "overhead-train-step"), repeats)
 
 
 _STARTUP = r"""
@@ -215,19 +127,19 @@ def table(results: dict) -> str:
     rows = []
     cmd = "`python benchmarks/overhead.py`"
     plain = results.get("plain_iterator")
-    if plain:
-        rows.append(("`watch()` cost per batch over bare iteration of a list",
-                     f"**{plain['added_ns']:.0f} ns** wall ({plain['thread_cpu_added_ns']:.0f} ns of it the training thread's own CPU)",
-                     "≤ 300 ns"))
+    if plain and "cores" in plain:
+        rows.append(("`watch()` cost per item over bare iteration of a list (fresh processes)",
+                     "; ".join(f"{core} core **{c['added_ns']:+.0f} ns** wall ({c['thread_cpu_added_ns']:+.0f} ns "
+                               f"training thread's CPU)" for core, c in plain["cores"].items()), "C core ≤ 100 ns"))
     for key, what in (("fast_dataloader", "`DataLoader(TensorDataset, batch_size=1, num_workers=0)`, step `b[0] + 1`"),
                       ("train_step", "same loader + a tiny `nn.Linear` train step")):
         r = results.get(key)
-        if r:
-            rows.append((f"{what}: what `watch()` adds",
-                         f"**{r['added_pct']:+.2f}%** wall, median of {r['repeats']} alternating pairs "
-                         f"({r['bare_us_per_batch']:.1f} vs {r['watched_us_per_batch']:.1f} µs per batch); "
-                         f"training thread's CPU {r['thread_cpu_added_pct']:+.2f}%; sidecar process "
-                         f"{r['sidecar_cpu_us_per_batch'] or 0:.2f} µs CPU per batch", "≤ +1%"))
+        if r and "cores" in r:
+            rows.append((f"{what}: what `watch()` adds ({r['bare_ns_per_batch'] / 1e3:.1f} µs per batch bare)",
+                         "; ".join(f"{core} core **{c['added_pct']:+.2f}%** wall (training thread's CPU "
+                                   f"{c['thread_cpu_added_pct']:+.2f}%; sidecar {c['sidecar_cpu_us_per_batch']:.2f} µs "
+                                   f"CPU per batch)" for core, c in r["cores"].items())
+                         + f", median of {r['rounds']} rounds of fresh processes", "≤ +1%"))
     s = results.get("startup")
     if s:
         rows.append(("from `watch()` to the first batch, over bare (fresh processes)",

@@ -51,6 +51,10 @@ static PyObject *str_countdown = NULL;  /* "_countdown" */
 static PyObject *int_zero = NULL, *int_one = NULL;
 static PyObject *fake_clock = NULL;     /* tests: a callable returning ints, instead of the clock */
 static PyObject *str_class = NULL;      /* "__class__" */
+/* the batch-size probe (a loader whose settings give no batch size), bound by bind(): */
+static Py_ssize_t off_probe_bs = -1, off_fast_bs = -1;
+static PyObject *new_batch_size = NULL;  /* WatchedIterator._fast_new_batch_size(self, t_call, t_ret, bs) */
+static PyObject *str_shape = NULL, *str_values = NULL;
 
 #define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
@@ -283,6 +287,120 @@ append(PyObject *list, PyObject *item)
     return PyList_Append(list, item);
 }
 
+/* An error that hooks/introspect.py's `except Exception` swallows: cleared, 1; else 0 (a
+ * KeyboardInterrupt goes on up, as it does from the Python probe). */
+static int
+swallowed(void)
+{
+    if (PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        return 1;
+    }
+    return 0;
+}
+
+/* getattr(obj, name, None): a new reference, None included; NULL with an error. */
+static PyObject *
+optional_attr(PyObject *obj, PyObject *name)
+{
+    PyObject *value = NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    int found = PyObject_GetOptionalAttr(obj, name, &value);
+#else
+    int found = _PyObject_LookupAttr(obj, name, &value);
+#endif
+    if (found < 0) {
+        return NULL;
+    }
+    if (found == 0) {
+        Py_RETURN_NONE;
+    }
+    return value;
+}
+
+/* hooks/introspect.py's leading_dim(batch), operation for operation (the records of both cores
+ * must match): the leading dimension of the first tensor of batch, (x, y) or {"x": ...}, a few
+ * levels at most; None where it cannot be read. A new reference; NULL only for an error that
+ * is not an Exception. */
+static PyObject *
+leading_dim(PyObject *batch)
+{
+    Py_INCREF(batch);
+    for (int level = 0; level < 3; level++) {
+        PyObject *shape = optional_attr(batch, str_shape);
+        if (shape == NULL) {
+            goto failed;
+        }
+        if (shape != Py_None) {
+            Py_DECREF(batch);
+            Py_ssize_t n = PyObject_Size(shape);
+            PyObject *dim = NULL;
+            if (n > 0) {
+                PyObject *first = PyObject_GetItem(shape, int_zero);
+                if (first != NULL) {
+                    dim = PyNumber_Long(first);
+                    Py_DECREF(first);
+                }
+            }
+            Py_DECREF(shape);
+            if (dim != NULL) {
+                return dim;
+            }
+            if (n == 0 || swallowed()) {  /* a shape without a length, or nothing readable */
+                Py_RETURN_NONE;
+            }
+            return NULL;
+        }
+        Py_DECREF(shape);
+        PyObject *inner = NULL;
+        if (PyList_Check(batch) || PyTuple_Check(batch)) {
+            int nonempty = PyObject_IsTrue(batch);
+            if (nonempty < 0) {
+                goto failed;
+            }
+            if (!nonempty) {
+                break;
+            }
+            inner = PyObject_GetItem(batch, int_zero);  /* batch[0] */
+        }
+        else if (PyDict_Check(batch)) {
+            int nonempty = PyObject_IsTrue(batch);
+            if (nonempty < 0) {
+                goto failed;
+            }
+            if (!nonempty) {
+                break;
+            }
+            /* next(iter(batch.values())) */
+            PyObject *values = PyObject_CallMethodNoArgs(batch, str_values);
+            PyObject *it = values == NULL ? NULL : PyObject_GetIter(values);
+            Py_XDECREF(values);
+            if (it != NULL) {
+                inner = PyIter_Next(it);
+                Py_DECREF(it);
+                if (inner == NULL && !PyErr_Occurred()) {
+                    PyErr_SetNone(PyExc_StopIteration);
+                }
+            }
+        }
+        else {
+            break;
+        }
+        if (inner == NULL) {
+            goto failed;
+        }
+        Py_SETREF(batch, inner);
+    }
+    Py_DECREF(batch);
+    Py_RETURN_NONE;
+failed:
+    Py_DECREF(batch);
+    if (swallowed()) {
+        Py_RETURN_NONE;
+    }
+    return NULL;
+}
+
 /* The general path from here: self.__class__ = WatchedIterator; WatchedIterator.__next__(self) */
 static PyObject *
 to_general(PyObject *self)
@@ -374,7 +492,37 @@ fast_next(PyObject *self, PyObject *Py_UNUSED(ignored))
         }
         goto done;
     }
-    if (read_clock(&t_ret) < 0 || push(times, t_ret) < 0) {
+    if (read_clock(&t_ret) < 0) {
+        Py_CLEAR(batch);
+        goto done;
+    }
+    if (SLOT(self, off_probe_bs) == Py_True) {  /* no batch size from the settings: each batch's */
+        PyObject *bs = leading_dim(batch);
+        PyObject *segment_bs = SLOT(self, off_fast_bs);
+        int changed = bs == NULL || segment_bs == NULL ? -1 : PyObject_RichCompareBool(bs, segment_bs, Py_NE);
+        if (changed != 0) {  /* another size (the general path records this step), or an error */
+            PyObject *res = NULL;
+            if (changed > 0) {
+                PyObject *t_call_obj = PyLong_FromLongLong(t_call), *t_ret_obj = PyLong_FromLongLong(t_ret);
+                if (t_call_obj != NULL && t_ret_obj != NULL) {
+                    res = PyObject_CallFunctionObjArgs(new_batch_size, self, t_call_obj, t_ret_obj, bs, NULL);
+                }
+                Py_XDECREF(t_call_obj);
+                Py_XDECREF(t_ret_obj);
+            }
+            else if (bs != NULL && !PyErr_Occurred()) {
+                PyErr_SetString(PyExc_AttributeError, "_bs");
+            }
+            Py_XDECREF(bs);
+            if (res == NULL) {
+                Py_CLEAR(batch);
+            }
+            Py_XDECREF(res);
+            goto done;
+        }
+        Py_DECREF(bs);
+    }
+    if (push(times, t_ret) < 0) {
         Py_CLEAR(batch);
     }
 done:
@@ -515,6 +663,15 @@ gpu_next(PyObject *self, PyObject *Py_UNUSED(ignored))
     }
     set_slot(self, off_t_ret, t_ret_obj);
     Py_DECREF(t_ret_obj);
+    if (SLOT(self, off_probe_bs) == Py_True) {  /* no batch size from the settings: each batch's */
+        PyObject *bs = leading_dim(batch);
+        if (bs == NULL) {
+            Py_CLEAR(batch);
+            goto done;
+        }
+        set_slot(self, off_bs, bs);
+        Py_DECREF(bs);
+    }
 done:
     Py_DECREF(it);
     Py_DECREF(t_call_obj);
@@ -600,12 +757,20 @@ bind(PyObject *module, PyObject *args)
         return NULL;
     }
     Py_ssize_t t = slot_offset(cls, "_times"), r = slot_offset(cls, "_reads_left"), i = slot_offset(cls, "_it");
-    if (t < 0 || r < 0 || i < 0) {
+    Py_ssize_t p = slot_offset(cls, "_probe_bs"), b = slot_offset(cls, "_bs");
+    if (t < 0 || r < 0 || i < 0 || p < 0 || b < 0) {
         return NULL;
     }
+    PyObject *new_bs_fn = PyObject_GetAttrString(cls, "_fast_new_batch_size");
+    if (new_bs_fn == NULL) {
+        return NULL;
+    }
+    Py_XSETREF(new_batch_size, new_bs_fn);
     off_times = t;
     off_reads_left = r;
     off_it = i;
+    off_probe_bs = p;
+    off_fast_bs = b;
     Py_INCREF(cls);
     Py_XSETREF(general_class, cls);
     Py_INCREF(next_fn);
@@ -696,9 +861,12 @@ PyInit__ccore(void)
     }
     str_class = PyUnicode_InternFromString("__class__");
     str_countdown = PyUnicode_InternFromString("_countdown");
+    str_shape = PyUnicode_InternFromString("shape");
+    str_values = PyUnicode_InternFromString("values");
     int_zero = PyLong_FromLong(0);
     int_one = PyLong_FromLong(1);
-    if (str_class == NULL || str_countdown == NULL || int_zero == NULL || int_one == NULL) {
+    if (str_class == NULL || str_countdown == NULL || str_shape == NULL || str_values == NULL || int_zero == NULL
+            || int_one == NULL) {
         return NULL;
     }
     if (PyType_Ready(&Times_Type) < 0) {

@@ -272,7 +272,72 @@ def test_a_free_threaded_build_or_another_implementation_runs_the_python_core(mo
     assert compiled is not None and why == ""
 
 
-def _a_cuda_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], SharedClock, int]:
+# A loader whose settings give no batch size (a list of batches): each batch's leading dimension
+# is read (hooks/introspect.py's leading_dim), on the fast path too. Runs of one size, a last
+# short batch, sizes that alternate every batch, a batch with nothing batch-shaped in it.
+PROBED_SIZES = [8] * 150 + [5] + [8] * 100 + [3, 4] * 10 + [8] * 120 + [None] + [8] * 60 + [2]
+
+
+def _probed_batches():
+    import torch
+    batches = []
+    for i, size in enumerate(PROBED_SIZES):
+        if size is None:
+            batches.append("no shape here")
+        elif i % 3 == 0:
+            batches.append((torch.zeros(size, 2), torch.zeros(size)))  # (x, y)
+        elif i % 3 == 1:
+            batches.append({"x": torch.zeros(size, 2)})
+        else:
+            batches.append(torch.zeros(size, 2))
+    return batches
+
+
+def _a_probed_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], SharedClock, int]:
+    from starvewatch import _ccore
+    clock = SharedClock()
+    core.use(core_name)
+    monkeypatch.setattr(loader, "_now", clock.python)
+    _ccore.set_clock(clock.compiled)
+    batches = _probed_batches()
+    try:
+        transport = MemoryTransport()
+        session = starvewatch.init("same-clock-probe", transport=transport)
+        session.shipper._stop_requested.set()  # cycles at known points, as above
+        session.shipper._wake.set()
+        session.shipper.join(5)
+        fast_steps = 0
+        iterator = iter(starvewatch.watch(batches, name="train"))
+        for i, _ in enumerate(iterator):
+            fast_steps += type(iterator) is loader.FastWatchedIterator
+            if i % 10 == 0:
+                session.shipper.cycle()
+        session.shipper.cycle()
+        del iterator
+        session.shipper = type(session.shipper)(session, session.shipper.pipeline)
+        summary = starvewatch.finish()
+    finally:
+        _ccore.set_clock(None)
+    assert summary["loaders"][0]["steps"] == len(PROBED_SIZES)
+    return _rows(transport), clock, fast_steps
+
+
+def test_both_cores_read_each_batchs_size_on_the_fast_path_and_record_the_same_steps(monkeypatch):
+    """The batch-size probe of a loader without a configured batch size runs per batch: on the
+    fast path of both cores (not the general path every batch), with the same records."""
+    rows_python, clock_python, fast_python = _a_probed_training_with("python", monkeypatch)
+    rows_c, clock_c, fast_c = _a_probed_training_with("c", monkeypatch)
+    assert [row[STEP_COLUMNS.index("batch_size")] for row in rows_python] == PROBED_SIZES
+    assert rows_c == rows_python
+    # runs of one size stay on the fast path (each change costs a step on the general path;
+    # sizes that alternate every batch stay there)
+    assert fast_c == fast_python and len(PROBED_SIZES) - 40 <= fast_c < len(PROBED_SIZES)
+    assert clock_python.c_reads == 0
+    assert clock_c.c_reads > 2 * (len(PROBED_SIZES) - 60) and clock_c.python_reads < 120
+    assert clock_c.c_reads + clock_c.python_reads == clock_python.python_reads
+
+
+def _a_cuda_training_with(core_name: str, monkeypatch, items=None) -> tuple[list[tuple], SharedClock, int]:
     """The CUDA-event countdown path (FastGpuWatchedIterator) on one clock: a stand-in GPU
     whose events are recorded on one step in 4 (seeded gaps: the same steps in both runs)."""
     from starvewatch import _ccore
@@ -288,7 +353,7 @@ def _a_cuda_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], Sha
         session = starvewatch.init("same-clock-cuda", transport=transport)
         session._gpu_timer = cuda.CudaEventTimer(gpu.event, every=4, seed=7)
         fast_gpu_steps = 0
-        iterator = iter(starvewatch.watch(list(range(300)), name="train"))
+        iterator = iter(starvewatch.watch(list(range(300)) if items is None else items, name="train"))
         for i, _ in enumerate(iterator):
             fast_gpu_steps += type(iterator) is loader.FastGpuWatchedIterator
             gpu.launch(0.00001)
@@ -299,7 +364,7 @@ def _a_cuda_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], Sha
         summary = starvewatch.finish()
     finally:
         _ccore.set_clock(None)
-    assert summary["loaders"][0]["steps"] == 300
+    assert summary["loaders"][0]["steps"] == (300 if items is None else len(items))
     return _rows(transport), clock, fast_gpu_steps
 
 
@@ -314,6 +379,16 @@ def test_both_cores_fed_the_same_clock_record_the_same_cuda_path_steps(monkeypat
     assert clock_c.c_reads + clock_c.python_reads == clock_python.python_reads
     assert len(rows_python) == 300
     assert rows_c == rows_python
+
+
+def test_both_cores_read_each_batchs_size_on_the_cuda_path_and_record_the_same_steps(monkeypatch):
+    rows_python, clock_python, fast_python = _a_cuda_training_with("python", monkeypatch, _probed_batches())
+    rows_c, clock_c, fast_c = _a_cuda_training_with("c", monkeypatch, _probed_batches())
+    assert [row[STEP_COLUMNS.index("batch_size")] for row in rows_python] == PROBED_SIZES
+    assert rows_c == rows_python
+    assert fast_python == fast_c and len(PROBED_SIZES) // 2 < fast_c < len(PROBED_SIZES) * 9 // 10
+    assert clock_c.c_reads >= len(PROBED_SIZES) // 2
+    assert clock_c.c_reads + clock_c.python_reads == clock_python.python_reads
 
 
 @pytest.mark.parametrize("hot_path_core", ["python", "c"], indirect=True)
@@ -345,3 +420,73 @@ def test_an_exception_on_the_cuda_path_reaches_the_loop_and_every_step_is_kept(h
     summary = starvewatch.finish()
     assert summary["loaders"][0]["steps"] == 200
     assert [r[2] for r in _rows(transport)] == list(range(200))
+
+
+class _Shaped:
+    def __init__(self, shape) -> None:
+        self.shape = shape
+
+
+class _ShapeRaises:
+    @property
+    def shape(self):
+        raise ValueError("no shape today")
+
+
+class _Pair(tuple):  # a namedtuple-like subclass
+    pass
+
+
+class _ListOfOther(list):
+    def __getitem__(self, i):
+        return _Shaped((5, 1))
+
+
+class _DictOfOther(dict):
+    def values(self):
+        return [_Shaped((6,))]
+
+
+def _odd_batches() -> list:
+    """Batches that hooks/introspect.py's leading_dim reads in every way it can (or cannot)."""
+    import numpy as np
+    import torch
+    return [
+        _Shaped((3, 2)), _Shaped(()), _Shaped(5), _Shaped((2.9,)), _Shaped(("x",)), _Shaped(None),
+        _ShapeRaises(), _Pair((torch.zeros(4, 1), 0)), _ListOfOther([1]), _DictOfOther(a=1), [], {}, (),
+        "text", np.zeros((7, 3)), [[torch.zeros(9)]], [[[torch.zeros(9)]]], {"x": (torch.zeros(11, 2),)},
+    ]
+
+
+@pytest.mark.parametrize("hot_path_core", ["python", "c"], indirect=True)
+def test_the_fast_paths_batch_size_probe_reads_every_odd_batch_as_leading_dim_does(hot_path_core):
+    """Each odd batch comes on the fast path (after a run of batches of 8): the compiled probe
+    must give what the Python function gives, for what it reads and for what it cannot."""
+    import torch
+
+    from starvewatch.hooks.introspect import leading_dim
+    batches = [torch.zeros(8, 2)] * 4
+    for odd in _odd_batches():
+        batches += [odd] + [torch.zeros(8, 2)] * 4
+    expected = [leading_dim(b) for b in batches]
+    assert {3, 2, 4, 5, 6, 7, 9, 11, None} <= set(expected)  # the batches do try every branch
+    transport = MemoryTransport()
+    session = starvewatch.init("odd-batches", transport=transport)
+    # The shipper cycles after every batch (not on its timer): the fast path is entered again
+    # after a change as soon as the segment before was taken.
+    session.shipper._stop_requested.set()
+    session.shipper._wake.set()
+    session.shipper.join(5)
+    iterator = iter(starvewatch.watch(batches, name="train"))
+    odd_on_fast_path = 0
+    for i, _ in enumerate(iterator):
+        # the iterator's class at the batch before an odd one: the path that takes the odd one
+        if i % 5 == 3 and i + 1 < len(batches):
+            odd_on_fast_path += type(iterator) is loader.FastWatchedIterator
+        session.shipper.cycle()
+    del iterator
+    session.shipper.cycle()  # the epoch's end
+    session.shipper = type(session.shipper)(session, session.shipper.pipeline)  # fresh, not started
+    starvewatch.finish()
+    assert [row[STEP_COLUMNS.index("batch_size")] for row in _rows(transport)] == expected
+    assert odd_on_fast_path == len(_odd_batches())

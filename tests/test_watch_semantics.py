@@ -245,6 +245,36 @@ def test_full_buffer_drops_and_counts_but_totals_stay_exact(memory_run):
     assert [r[2] for r in shipped] == list(range(57))  # steps 0..56 kept, in order; later ones dropped
 
 
+def test_a_segment_ended_before_the_shipper_took_it_does_not_hold_the_loop_on_the_general_path(memory_run):
+    """The sampler's CPU probe (or the shipper's rotation) ends a segment whose last steps the
+    shipper has not taken yet: the next batch starts a new segment at once. Only a second end
+    before the shipper took the first keeps the general path (the memory bound), until it has."""
+    from starvewatch.hooks import loader as hot_path
+    session, transport = memory_run
+    session.shipper._stop_requested.set()  # this test runs the cycles itself, at known points
+    session.shipper._wake.set()
+    session.shipper.join(5)
+    iterator = iter(starvewatch.watch(range(400), name="train"))
+    paths = []  # after each batch: is the next one on the fast path?
+    for i, _ in enumerate(iterator):
+        paths.append(type(iterator) is hot_path.FastWatchedIterator)
+        if i in (100, 200):
+            iterator.probe_cpu()  # as the sampler thread does: one step on the general path
+        if i == 250:
+            session.shipper.cycle()
+    # the probed step 101 started a new segment at once, though the shipper had taken nothing
+    assert all(paths[5:201])
+    # a second end while the first segment is still untaken: the general path, until the
+    # shipper's cycle has taken both
+    assert not any(paths[201:251]) and all(paths[251:])
+    del iterator
+    session.shipper.cycle()
+    session.shipper = type(session.shipper)(session, session.shipper.pipeline)  # fresh, not started
+    summary = starvewatch.finish()
+    assert [s for _, _, s in shipped_steps(transport)] == list(range(400))
+    assert summary["loaders"][0]["steps"] == 400 and summary["loaders"][0]["dropped_records"] == 0
+
+
 def test_fast_path_segments_rotate_and_every_step_arrives_once_in_order(memory_run, monkeypatch):
     """The fast path appends clock reads to a segment's list; the shipper ends a long segment
     (the next batch starts a new one), and step() in between moves the loop to the general path

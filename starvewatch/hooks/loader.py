@@ -71,7 +71,7 @@ class WatchedIterator:
                  "_t_call", "_t_ret", "_extra_wait", "_open", "_marked", "_excluded", "_step_ns",
                  "_step_used", "_in_step", "_phases", "_bs", "_first", "_probe_bs", "_startup",
                  "_parents", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
-                 "_cpu_probe", "_times", "_segment", "_reads_left", "_last_segment", "_t_wait",
+                 "_cpu_probe", "_times", "_segment", "_reads_left", "_last_segment", "_older_segment", "_t_wait",
                  "_spans", "_active", "__weakref__")
 
     # What a segment's clock reads are kept in: a list (the Python core) or the compiled core's
@@ -111,6 +111,7 @@ class WatchedIterator:
         self._segment = None
         self._reads_left = 0  # how long that list may grow: the buffer's room, in clock reads
         self._last_segment = None  # the one before, until the shipper has taken all of it
+        self._older_segment = None  # the one before that, while the shipper has not taken all of it
         self._t_wait = 0  # when the general path's next() began, while it runs (else 0)
         active = self._active = ACTIVE.stack()  # this thread's: _end may run on another one
         # The innermost steps open on this thread (one loader's, or those of loaders advanced
@@ -134,7 +135,7 @@ class WatchedIterator:
         return self
 
     def __next__(self):
-        """The general path: first batch of an epoch, batch-size probing, CUDA events."""
+        """The general path: first batch of an epoch, a batch size that changed, CUDA events."""
         t_call = _now()
         if self._segment is not None:
             self._leave_fast()
@@ -179,8 +180,11 @@ class WatchedIterator:
         if self._first:
             self._first_batch(batch)
         elif self._probe_bs:
-            self._bs = leading_dim(batch)
-        if token is None and not user_marked and not self._probe_bs and not self._marked and not self._extra_wait:
+            bs = leading_dim(batch)
+            if bs != self._bs:  # a new batch size: the fast path again once it repeats (a loader
+                self._bs = bs   # whose sizes vary batch to batch stays here, without a Segment each)
+                return batch
+        if token is None and not user_marked and not self._marked and not self._extra_wait:
             # (the first step closes here, with its start-up); with CUDA events, the fast path
             # runs the steps between two measured ones
             if gpu is not None:
@@ -193,16 +197,28 @@ class WatchedIterator:
         """From the next batch on, the fast path: clock reads into a new Segment's list, as
         many as the buffer has room for (two per step). A loop whose shipper does not keep up
         stays on the general path, which drops and counts, until the shipper took the last
-        segment: so the memory held stays bounded by twice the buffer's capacity."""
-        room = self._capacity - len(self._buffer)
+        segment: so the memory held stays bounded by twice the buffer's capacity.
+
+        The last segment need not be taken yet, only the one before it: the new one then holds
+        at most the room left beside the last one's untaken reads, the same bound. Waiting for
+        the last one (ended by the shipper's rotation or the sampler's CPU probe, while the
+        shipper was cycling) ran about half of a fast loop's batches on the general path."""
+        room = 2 * (self._capacity - len(self._buffer))  # in clock reads
         last = self._last_segment
-        if room < 2 or (last is not None and not last.done()):
+        if last is not None and not last.done():
+            older = self._older_segment
+            if older is not None and not older.done():
+                return
+            room -= len(last.times) - 2 * last.taken  # its reads the shipper has yet to take
+        else:
+            last = None
+        if room < 2:
             return
-        self._last_segment = None
+        self._older_segment, self._last_segment = last, None
         times = self._new_times((self._t_call, self._t_ret))  # the open step is the segment's first
         segment = Segment(self._key, self._step, self._bs, times, self._wref)
         self._buffer.append(segment)  # the shipper finds it in order with this loader's records
-        self._times, self._segment, self._reads_left = times, segment, 2 * room
+        self._times, self._segment, self._reads_left = times, segment, room
         self.__class__ = FastWatchedIterator
 
     def _leave_fast(self) -> None:
@@ -272,6 +288,15 @@ class WatchedIterator:
         self.__class__ = WatchedIterator
         self._leave_fast()  # the step was closed by the call's clock read; none is open
         self._failed(exc, t_call)
+
+    def _fast_new_batch_size(self, t_call: int, t_ret: int, bs) -> None:
+        """The fast path's batch (returned at t_ret) has another leading dimension than the
+        segment's (both cores): the segment ends with its call, and this step is the general
+        path's, which records it with its own batch size."""
+        self.__class__ = WatchedIterator
+        self._leave_fast()  # the last read is t_call, which closed the step before
+        self._t_call, self._t_ret, self._bs = t_call, t_ret, bs
+        self._open = True
 
     def _gpu_fast_drop(self, t_call: int) -> None:
         """The CUDA fast path's step closed by `t_call` finds the buffer full (both cores)."""
@@ -398,11 +423,13 @@ class WatchedIterator:
 
 class FastWatchedIterator(WatchedIterator):
     """The steady state of an epoch: what almost every batch runs. An iterator is switched to
-    this class after a batch with an open, unmarked step, no CUDA events and no batch-size
-    probing, and back to the full path by anything that needs it (`mark()`, a CPU probe, the
-    shipper starting a new segment, an exception, the end of the epoch), which reads the step
-    and the clocks back from the segment. So the hot path is one length check and two clock
-    reads appended to a list (~300 ns on a 2-core VM where each read is ~65 ns)."""
+    this class after a batch with an open, unmarked step, no CUDA events and the batch size of
+    the one before, and back to the full path by anything that needs it (`mark()`, a CPU probe,
+    the shipper starting a new segment, an exception, the end of the epoch, a batch of another
+    size where the size is read from each batch), which reads the step and the clocks back from
+    the segment. So the hot path is one length check and two clock reads appended to a list
+    (~300 ns on a 2-core VM where each read is ~65 ns), plus `leading_dim()` of the batch for a
+    loader whose batch size its settings do not give (a list, a generator, a batch_sampler)."""
 
     __slots__ = ()
 
@@ -418,6 +445,14 @@ class FastWatchedIterator(WatchedIterator):
         except BaseException as exc:
             self._fast_failed(exc, t_call)
             raise
+        if self._probe_bs:  # no batch size from the loader's settings: each batch's is read
+            t_ret = _now()
+            bs = leading_dim(batch)
+            if bs != self._bs:
+                self._fast_new_batch_size(t_call, t_ret, bs)
+            else:
+                times.append(t_ret)
+            return batch
         times.append(_now())
         return batch
 
@@ -452,6 +487,8 @@ class FastGpuWatchedIterator(WatchedIterator):
         self._t_wait = 0
         self._t_call = t_call
         self._t_ret = _now()
+        if self._probe_bs:  # no batch size from the loader's settings: each batch's is read
+            self._bs = leading_dim(batch)
         return batch
 
 
