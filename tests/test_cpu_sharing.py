@@ -235,3 +235,15 @@ def test_a_real_pillow_pipeline_is_cpu_bound_and_its_prediction_shares_the_cores
     rec = next((r for r in summary["recommendations"] if r["parameter"] == "num_workers"), None)
     if summary["verdict"]["limiting_factor"] == "input_bound_cpu" and rec is not None:
         assert rec["suggested"] <= f.cores and rec["evidence"]["main_cpu_ms"] > 0
+
+
+def test_with_workers_already_loading_the_configuration_as_it_ran_predicts_no_change():
+    """Workers already loading CPU-bound, the training process's CPU measured: the shared-cores
+    model's prediction of the present configuration is its baseline, so keeping it is 1.0x and a
+    change is judged relative to it (the process's CPU already holds part of each hand-over)."""
+    f = facts(*measured(compute_cpu_ms=4.0, workers=2))
+    f.cpu_busy = True  # what the workers' CPU telemetry says of CPU-bound loading (none in this stand-in)
+    assert f.workers == 2 and f.main_cpu_ms is not None
+    assert speedup(f, dict(f.config)) == pytest.approx(1.0)
+    assert speedup(f, {**f.config, "pin_memory": True}) == pytest.approx(1.0)  # costs nothing the model sees
+    assert speedup(f, {**f.config, "num_workers": 1}) < 1.0  # fewer workers: slower, not judged on the baseline's error

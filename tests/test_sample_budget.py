@@ -155,7 +155,14 @@ def test_a_schema_3_database_opens_migrates_and_folds_its_samples(tmp_path, shor
         assert "span_s" in {r[1] for r in w.execute("PRAGMA table_info(events)")}
         assert {"wait_min_ns", "compute_min_ns", "compute_max_ns"} <= {r[1] for r in w.execute("PRAGMA table_info(rollups)")}
         assert event_rows(store, "span_s = 0") == event_rows(store) == 2160
-        assert client.get("/api/v1/runs/old-run/summary").json() == expected
+        before = client.get("/api/v1/runs/old-run/summary").json()
+        # What the old code measured from this data, the migrated file still gives; the advice
+        # (recommendations, plans) is the current model's over the same figures.
+        advice = ("recommendations", "plans")
+        assert {k: v for k, v in before.items() if k not in advice} == \
+            {k: v for k, v in expected.items() if k not in advice}
+        assert [r["parameter"] for r in before["recommendations"]] == \
+            [r["parameter"] for r in expected["recommendations"]]
         with store._write_lock:
             while store.retention.fold_samples("old-run", 60):
                 pass
@@ -165,7 +172,7 @@ def test_a_schema_3_database_opens_migrates_and_folds_its_samples(tmp_path, shor
         last_sample_s = T0_S + 3 * 3600 - 30
         # Buckets on minute boundaries, all before the last hour (it stays raw).
         assert after.pop("samples_rolled_up")[0]["until_s"] == (last_sample_s - 3600) // 60 * 60
-        assert after == expected
+        assert after == before
         # It takes new samples beside the folded ones.
         assert post(client, sample_batch(0, 1, T0_S + 20_000, 100, 10, run_id="new-run",
                                                  stream="new-0-s")).status_code == 200
