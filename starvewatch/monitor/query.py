@@ -244,7 +244,8 @@ class Query:
         """Averages of the host, GPU and worker samples over the run, or over one rank's own
         samples (None when there are none)."""
         from .system import overview
-        sql, args = "SELECT kind, data FROM events WHERE run_id = ? AND kind IN ('samples', 'workers')", [run_id]
+        sql, args = ("SELECT kind, data, rank FROM events WHERE run_id = ? AND kind IN ('samples', 'workers')",
+                     [run_id])
         if rank is not None:
             sql += " AND rank = ?"
             args.append(rank)
@@ -252,7 +253,8 @@ class Query:
         rows = self.store.reader().execute(sql + " ORDER BY t_ns, rowid", args).fetchall()
         if not rows:
             return None
-        return overview([(kind, orjson.loads(data)) for kind, data in rows])
+        # Each event with its rank: the workers' part is one rank's (system.overview).
+        return overview([(kind, {**orjson.loads(data), "rank": r}) for kind, data, r in rows])
 
     @cached(per_run=False)
     def list_runs(self, status: str | None = None, search: str | None = None) -> list[dict]:
@@ -452,14 +454,18 @@ class Query:
 
     @cached(per_run=True, max_age_s=None)
     def events(self, run_id: str, kind: str, since_ns: int = 0, limit: int = 5000,
-               newest: bool = False) -> list[dict]:
+               newest: bool = False, rank: int | None = None) -> list[dict]:
         """Events after `since_ns`, oldest first: the first `limit` of them, or with `newest` the
-        last `limit` (what a page showing "now" needs once a run has more than `limit`)."""
+        last `limit` (what a page showing "now" needs once a run has more than `limit`); with
+        `rank`, only that rank's (the workers panel shows one rank's workers)."""
         self._row(run_id)
         order = "DESC" if newest else "ASC"
+        where, args = "run_id = ? AND kind = ? AND t_ns > ?", [run_id, kind, since_ns]
+        if rank is not None:
+            where += " AND rank = ?"
+            args.append(rank)
         rows = self.store.reader().execute(
-            f"SELECT rank, data FROM events WHERE run_id = ? AND kind = ? AND t_ns > ? ORDER BY t_ns {order} LIMIT ?",
-            (run_id, kind, since_ns, limit)).fetchall()
+            f"SELECT rank, data FROM events WHERE {where} ORDER BY t_ns {order} LIMIT ?", (*args, limit)).fetchall()
         if newest:
             rows.reverse()
         return [{"rank": r[0], **orjson.loads(r[1])} for r in rows]
