@@ -285,8 +285,8 @@ def cmd_import(args) -> int:
         count = importer.scan(progress=lambda path: advance())
     store.close()
     print(f"imported {count} new batches from {root} into {settings.db_path}"
-          + (f"; {len(importer.rejected_files)} unreadable files set aside (in {importer.rejected_root}, "
-             f"each with a .reason file)" if importer.rejected_files else ""))
+          + (f"; {importer.rejected_count} unreadable files set aside (in {importer.rejected_root}, "
+             f"each with a .reason file)" if importer.rejected_count else ""))
     return EXIT_OK
 
 

@@ -91,9 +91,11 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
     series = query.rollup_series(run_id, loader=loader, points=300)
     # The latest samples and worker snapshots: the panels say what the workers and host do now.
     samples = query.events(run_id, "samples", limit=5000, newest=True)
-    workers = query.events(run_id, "workers", limit=2000, newest=True)
     ranks = sorted({r["rank"] for r in query.detail(run_id)["ranks"]})
     per_rank = {rank: query.summary(run_id, rank) for rank in ranks} if len(ranks) > 1 else {}
+    stragglers = query.stragglers(run_id) if per_rank else None
+    workers_rank, why = shown_workers_rank(summary, loader, stragglers, ranks)
+    workers = query.events(run_id, "workers", limit=2000, newest=True, rank=workers_rank)
     timeline = figures.step_timeline(steps, title=f"{loader}: wait vs compute per step")
     fraction = figures.wait_fraction_over_time(series)
     for fig in (timeline, fraction):
@@ -114,11 +116,25 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
         "histogram": figures.distribution_histogram(dists["wait"], f"{loader}: wait per batch"),
         "compute_histogram": figures.distribution_histogram(dists["compute"], f"{loader}: compute per batch",
                                                             color=figures.COMPUTE_COLOR),
-        "workers": views.workers_panel(workers, loader),
-        "ranks": views.ranks_panel(per_rank, query.stragglers(run_id) if per_rank else None)
+        "workers": views.workers_panel(workers, loader, rank=workers_rank if len(ranks) > 1 else None, why=why),
+        "ranks": views.ranks_panel(per_rank, stragglers)
         or html.P("One rank."),
         "config": answer.config_table(summary),
     }
+
+
+def shown_workers_rank(summary: dict, loader: str | None, stragglers: dict | None,
+                       ranks: list[int]) -> tuple[int | None, str]:
+    """Whose DataLoader workers the run page shows (workers are per process, so one rank's at a
+    time): a straggler's, when one sent worker snapshots, else the summary's own choice (rank
+    0, or the lowest rank with workers: system.overview). Returns (rank, why)."""
+    info = ((summary.get("system") or {}).get("loaders") or {}).get(loader) or {}
+    with_workers = info.get("ranks") or []
+    for finding in (stragglers or {}).get("stragglers") or []:
+        if finding["rank"] in with_workers:
+            return finding["rank"], "the straggler"
+    rank = info.get("rank", ranks[0] if ranks else None)
+    return rank, f"{len(with_workers)} of {len(ranks)} ranks sent worker snapshots" if with_workers else ""
 
 
 def page_after(triggers, page) -> int:

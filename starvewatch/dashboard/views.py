@@ -177,9 +177,11 @@ def delivery_banner(summary: dict) -> html.Div | None:
                     className="sw-banner", id="delivery-banner")
 
 
-def workers_panel(events: list[dict], loader: str | None = None) -> html.Div | None:
+def workers_panel(events: list[dict], loader: str | None = None, rank: int | None = None,
+                  why: str = "") -> html.Div | None:
     """Per worker: load time over time, memory when sampled, and the latest state; None when the
-    run has no DataLoader workers (num_workers=0, or not sampled yet)."""
+    run has no DataLoader workers (num_workers=0, or not sampled yet). `events`: one rank's
+    snapshots; with several ranks, `rank` names it in the heading (and `why` that one)."""
     if not events:
         return None
     latest: dict[str, dict] = {}
@@ -187,7 +189,8 @@ def workers_panel(events: list[dict], loader: str | None = None) -> html.Div | N
         latest[e["loader"]] = e
     shown = loader if loader in latest else next(iter(latest))
     of_loader = [e for e in events if e["loader"] == shown]
-    parts = [html.H3(f"DataLoader workers: {shown}")]
+    whose = f", rank {rank}" + (f" ({why})" if why else "") if rank is not None else ""
+    parts = [html.H3(f"DataLoader workers: {shown}{whose}", id="workers-heading")]
     graphs = [figures.worker_load_over_time(of_loader, title=f"{shown}: load time per batch, per worker")]
     memory = figures.worker_memory_over_time(of_loader, title=f"{shown}: memory per worker")
     if memory is not None:

@@ -244,7 +244,7 @@ class Session:
                    world_size=self.world_size)
         from ..monitor.system import overview
         history = [event for sampler in self.samplers for event in sampler.history]
-        summary = summarize(run, loaders, stalls=self.stalls, system=overview(history),
+        summary = summarize(run, loaders, stalls=self.stalls, system=overview(history, rank=self.rank),
                             worker_events=[e for kind, e in history if kind == "workers"])
         # Where every step record went: acknowledged + spooled + dropped = the steps run.
         summary["delivery"] = with_buffer_drops(self.shipper.pipeline.account(),

@@ -300,16 +300,29 @@ table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ddd;padding:
 code,pre{background:#f5f5f5;padding:2px 4px}pre{padding:8px}.item{margin:4px 0}"""
 
 
-def render_html(summary: dict, step_series: dict[str, dict], series: dict, samples: list[dict]) -> str:
-    import plotly.io as pio
-
+def report_figures(step_series: dict[str, dict], series: dict, samples: list[dict],
+                   distributions: dict[str, dict] | None = None) -> list:
+    """The HTML report's charts. Each loader's wait histogram is drawn from its mergeable
+    histograms (Query.distributions, the ones the summary's percentiles use, kept when a run's
+    rows are folded): every step's wait, the same before and after a fold. Never from bucket
+    means, which hide a 500 ms spike among 10 ms steps."""
     from . import figures
 
     figs = [figures.wait_fraction_over_time(series), figures.throughput_over_time(series)]
     for name, s in step_series.items():
         figs.append(figures.step_timeline(s, title=f"{name}: wait vs compute per step"))
-        figs.append(figures.wait_histogram(s, title=f"{name}: wait per batch"))
+        dist = (distributions or {}).get(name) or {}
+        figs.append(figures.distribution_histogram(dist.get("wait") or {}, f"{name}: wait per batch"))
     figs.append(figures.system_over_time(samples))
+    return figs
+
+
+def render_html(summary: dict, step_series: dict[str, dict], series: dict, samples: list[dict],
+                distributions: dict[str, dict] | None = None) -> str:
+    """`distributions`: per loader, its Query.distributions answer (the wait histograms)."""
+    import plotly.io as pio
+
+    figs = report_figures(step_series, series, samples, distributions)
     charts = "\n".join(pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False,
                                    config={"displaylogo": False}, div_id=f"chart-{i}")
                        for i, fig in enumerate(figs))
@@ -354,7 +367,8 @@ def export(source, run_id: str, fmt: str, out) -> int | None:
         out.write(to_markdown(summary))
     elif fmt == "html":
         steps = {l["name"]: source.step_series(run_id, l["name"]) for l in summary["loaders"]}
-        out.write(render_html(summary, steps, source.series(run_id), source.samples(run_id)))
+        dists = {l["name"]: source.distributions(run_id, l["name"]) for l in summary["loaders"]}
+        out.write(render_html(summary, steps, source.series(run_id), source.samples(run_id), dists))
     else:
         raise ValueError(f"unknown format {fmt!r}: json, csv, md or html")
     return None

@@ -136,15 +136,9 @@ def clipped_histogram(pairs: list[tuple[float, int]], title: str, unit: str = "m
     return fig
 
 
-def wait_histogram(series: dict, title: str = "Wait per batch") -> go.Figure:
-    """From a step series (bucket means): the HTML report, which has no log buckets at hand."""
-    points = series.get("points") or []
-    return clipped_histogram([(p["wait_ms"][1], p["count"]) for p in points], title, unit="ms (bucket mean)",
-                             what="steps")
-
-
 def distribution_histogram(dist: dict, title: str, color: str = WAIT_COLOR) -> go.Figure:
-    """From Query.distributions(): every step's value, exact counts."""
+    """From Query.distributions(): every step's value, exact counts (the dashboard and the HTML
+    report; the same before and after a run's rows are folded)."""
     return clipped_histogram([(v, n) for v, n in dist.get("buckets") or []], title, color=color)
 
 

@@ -5,6 +5,7 @@ import functools
 import math
 import threading
 import time
+from collections import OrderedDict
 
 import orjson
 
@@ -26,10 +27,36 @@ class NotFound(LookupError):
 MAX_STALENESS_S = 0.25
 
 
+# The cache's bounds. By entries: high, so a 256-rank run page (one summary per rank, plus
+# each rank's system overview) never evicts its own answers within one pass. By size: an
+# estimate of the rows an answer holds (answer_rows), since one `events` answer can hold 50,000
+# events; about 200,000 rows is some hundreds of MB at the worst (JSON-decoded event dicts).
+MAX_CACHE_ENTRIES = 20_000
+MAX_CACHE_ROWS = 200_000
+
+
+def answer_rows(value, depth: int = 2) -> int:
+    """A cheap estimate of an answer's size: the items of its lists, counted to `depth` levels
+    of nesting (an events answer: its events and their workers or devices; a series: its
+    points), plus one for the answer itself. Linear in the answer's outer items, never a
+    recursive sys.getsizeof."""
+    if isinstance(value, dict):
+        if depth <= 0:
+            return 1
+        return 1 + sum(answer_rows(v, depth - 1) - 1 for v in value.values() if isinstance(v, (list, tuple, dict)))
+    if isinstance(value, (list, tuple)):
+        if depth <= 0:
+            return 1 + len(value)
+        return 1 + len(value) + sum(answer_rows(v, depth - 1) - 1 for v in value
+                                    if isinstance(v, (list, tuple, dict)))
+    return 1
+
+
 def cached(per_run: bool = True, max_age_s: float | None = 5.0):
     """max_age_s: how long an answer whose data has not changed is reused (None: until it
     changes). Answers that depend on the clock (live/lost status) keep an age limit; a pure
-    function of the data (a series) does not, so a slow one is not computed again on every poll."""
+    function of the data (a series) does not, so a slow one is not computed again on every poll.
+    The cache is a least-recently-used one, bounded by entries and by rows (Query.MAX_CACHE_*)."""
     def decorate(fn):
         @functools.wraps(fn)
         def wrapper(self, *args, **kwargs):
@@ -41,12 +68,12 @@ def cached(per_run: bool = True, max_age_s: float | None = 5.0):
             deletions = self.store.deletions
             if hit is not None and (max_age_s is None or now - hit[1] < max_age_s) and hit[3] == deletions and (
                     hit[0] == version or now - hit[1] < MAX_STALENESS_S):
+                with self._cache_lock:
+                    if key in self._cache:
+                        self._cache.move_to_end(key)
                 return hit[2]
             value = fn(self, *args, **kwargs)
-            with self._cache_lock:
-                if len(self._cache) > 2000:
-                    self._cache.clear()
-                self._cache[key] = (version, now, value, deletions)
+            self._remember(key, (version, now, value, deletions))
             return value
         return wrapper
     return decorate
@@ -56,8 +83,29 @@ class Query:
     def __init__(self, store: Store, lost_after_s: float = 60.0) -> None:
         self.store = store
         self.lost_after_s = lost_after_s
-        self._cache: dict = {}
+        # key -> (version, time, answer, deletions, rows), least recently used first.
+        self._cache: OrderedDict = OrderedDict()
         self._cache_lock = threading.Lock()
+        self.cache_rows = 0  # the answer_rows of every cached answer, added up
+
+    MAX_CACHE_ENTRIES = MAX_CACHE_ENTRIES
+    MAX_CACHE_ROWS = MAX_CACHE_ROWS
+
+    def _remember(self, key, entry: tuple) -> None:
+        """Cache an answer, evicting the least recently used ones past either bound. An answer
+        larger than the whole row bound is not kept (it would evict everything else)."""
+        rows = answer_rows(entry[2])
+        with self._cache_lock:
+            old = self._cache.pop(key, None)
+            if old is not None:
+                self.cache_rows -= old[4]
+            if rows > self.MAX_CACHE_ROWS:
+                return
+            self._cache[key] = (*entry, rows)
+            self.cache_rows += rows
+            while len(self._cache) > self.MAX_CACHE_ENTRIES or self.cache_rows > self.MAX_CACHE_ROWS:
+                _, evicted = self._cache.popitem(last=False)
+                self.cache_rows -= evicted[4]
 
     # ---- runs ------------------------------------------------------------------------------
     def _row(self, run_id: str):
@@ -244,7 +292,8 @@ class Query:
         """Averages of the host, GPU and worker samples over the run, or over one rank's own
         samples (None when there are none)."""
         from .system import overview
-        sql, args = "SELECT kind, data FROM events WHERE run_id = ? AND kind IN ('samples', 'workers')", [run_id]
+        sql, args = ("SELECT kind, data, rank FROM events WHERE run_id = ? AND kind IN ('samples', 'workers')",
+                     [run_id])
         if rank is not None:
             sql += " AND rank = ?"
             args.append(rank)
@@ -252,7 +301,8 @@ class Query:
         rows = self.store.reader().execute(sql + " ORDER BY t_ns, rowid", args).fetchall()
         if not rows:
             return None
-        return overview([(kind, orjson.loads(data)) for kind, data in rows])
+        # Each event with its rank: the workers' part is one rank's (system.overview).
+        return overview([(kind, {**orjson.loads(data), "rank": r}) for kind, data, r in rows])
 
     @cached(per_run=False)
     def list_runs(self, status: str | None = None, search: str | None = None) -> list[dict]:
@@ -452,14 +502,18 @@ class Query:
 
     @cached(per_run=True, max_age_s=None)
     def events(self, run_id: str, kind: str, since_ns: int = 0, limit: int = 5000,
-               newest: bool = False) -> list[dict]:
+               newest: bool = False, rank: int | None = None) -> list[dict]:
         """Events after `since_ns`, oldest first: the first `limit` of them, or with `newest` the
-        last `limit` (what a page showing "now" needs once a run has more than `limit`)."""
+        last `limit` (what a page showing "now" needs once a run has more than `limit`); with
+        `rank`, only that rank's (the workers panel shows one rank's workers)."""
         self._row(run_id)
         order = "DESC" if newest else "ASC"
+        where, args = "run_id = ? AND kind = ? AND t_ns > ?", [run_id, kind, since_ns]
+        if rank is not None:
+            where += " AND rank = ?"
+            args.append(rank)
         rows = self.store.reader().execute(
-            f"SELECT rank, data FROM events WHERE run_id = ? AND kind = ? AND t_ns > ? ORDER BY t_ns {order} LIMIT ?",
-            (run_id, kind, since_ns, limit)).fetchall()
+            f"SELECT rank, data FROM events WHERE {where} ORDER BY t_ns {order} LIMIT ?", (*args, limit)).fetchall()
         if newest:
             rows.reverse()
         return [{"rank": r[0], **orjson.loads(r[1])} for r in rows]

@@ -22,6 +22,7 @@ from .models import EventBatch
 
 log = logging.getLogger("starvewatch.collector")
 _busy = RateLimitedLog(log)
+REJECTED_PATHS_KEPT = 100  # SpoolImporter.rejected_files: the latest paths only
 
 
 class SpoolImporter:
@@ -31,6 +32,10 @@ class SpoolImporter:
         self.delete = delete
         self.set_aside = set_aside  # False: a read-only view (sources.offline) moves nothing
         self.imported_batches = 0
+        # A long-lived collector's sweep may reject files for months: the run's account in the
+        # database counts and lists them (Store.note_rejected_file); here only how many, and
+        # the latest few paths (what `starvewatch import` prints).
+        self.rejected_count = 0
         self.rejected_files: list[str] = []
         self._skip: set[Path] = set()  # rejected but could not be moved: said once, not retried
 
@@ -43,7 +48,9 @@ class SpoolImporter:
         if not self.root.is_dir():
             return []
         # <run>/<stream>/<seq>[-<first>].json.gz; sorted so each stream replays in sequence order
-        return sorted(p for p in self.root.glob(GLOB) if p not in self._skip)
+        found = set(self.root.glob(GLOB))
+        self._skip &= found  # a skipped file its producer removed since is forgotten
+        return sorted(found - self._skip)
 
     def scan(self, progress=None) -> int:
         """Import every spooled batch (records already stored are not stored again)."""
@@ -101,7 +108,9 @@ class SpoolImporter:
                 pass
             _remove_empty(stream_dir)
             log.warning("spool file %s rejected (set aside in %s): %s", path, target.parent, reason)
+        self.rejected_count += 1
         self.rejected_files.append(str(target))
+        del self.rejected_files[:-REJECTED_PATHS_KEPT]
         records = None
         if isinstance(payload, dict):
             steps = payload.get("steps")

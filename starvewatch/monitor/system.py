@@ -58,7 +58,9 @@ def _device_aggs(gpu: list[dict], key: str):
             yield from ((1, d[key], d[key], d[key]) for d in e.get("devices", []) if d.get(key) is not None)
 
 
-def overview(events: list[tuple[str, dict]]) -> dict | None:
+def overview(events: list[tuple[str, dict]], rank: int | None = None) -> dict | None:
+    """`events`: (kind, event) in time order; a stored event carries its `rank` (Query), and
+    `rank` is that of events without one (finish(): its own process's), so both sides agree."""
     host = [e for kind, e in events if kind == "samples" and e.get("kind") == "host"]
     gpu = [e for kind, e in events if kind == "samples" and e.get("kind") == "gpu"]
     workers = [e for kind, e in events if kind == "workers"]
@@ -93,10 +95,16 @@ def overview(events: list[tuple[str, dict]]) -> dict | None:
         "gpu_names": sorted({d.get("name") for d in devices if d.get("name")}),
         "loaders": {},
     }
-    by_loader: dict[str, list[dict]] = {}
+    by_loader: dict[str, dict] = {}
     for e in workers:
-        by_loader.setdefault(e.get("loader"), []).append(e)
-    for name, snaps in by_loader.items():
+        by_loader.setdefault(e.get("loader"), {}).setdefault(e.get("rank", rank), []).append(e)
+    for name, by_rank in by_loader.items():
+        # Workers are per process: one rank's snapshots, never the latest of any rank (a 2-rank
+        # run's answer would flip between the ranks' workers). Rank 0's where it has any, else
+        # the lowest rank's; named in `rank`, with every rank that sent snapshots in `ranks`.
+        # Snapshots without a rank (finish() over its own process's history) are one process.
+        shown = worker_rank(by_rank)
+        snaps = by_rank[shown]
         last = snaps[-1]
         per_worker = last.get("workers", [])
         parts = [worker_parts(s) for s in snaps]
@@ -120,10 +128,18 @@ def overview(events: list[tuple[str, dict]]) -> dict | None:
                          **({"snapshots": w["snapshots"], "snapshot_ms_mean": w.get("snapshot_ms_mean")}
                             if w.get("snapshots") else {})} for w in per_worker],
         }
+        if shown is not None:
+            out["loaders"][name].update(rank=shown, ranks=sorted(r for r in by_rank if r is not None))
         if last.get("state_dict_calls"):  # the watched StatefulDataLoader's checkpoints
             out["loaders"][name].update(state_dict_calls=last["state_dict_calls"],
                                         checkpoint_interval_steps=last.get("checkpoint_interval_steps"))
     return out
+
+
+def worker_rank(by_rank: dict):
+    """Whose workers a run-wide answer shows: rank 0, else the lowest rank that sent any."""
+    known = [r for r in by_rank if r is not None]
+    return min(known) if known else None
 
 
 def _min_part(parts: list[dict], key: str):
