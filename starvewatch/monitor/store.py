@@ -18,7 +18,7 @@ import orjson
 from ..batch_parts import uncovered
 from ..private_files import FILE_MODE, make_private_dirs
 from ..stats import LoaderTotals, RecordStats
-from . import retention, rollup_bands, run_rollups, sample_rollups
+from . import database_file, retention, rollup_bands, run_rollups, sample_rollups
 
 # 2: `seen` keeps record ranges [first, end) of each batch (batch_parts.py), not only (stream, seq);
 #    `rejected_files` counts the spool files that could not be ingested.
@@ -94,7 +94,7 @@ class Store:
         os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE))
         # Reentrant: the storage budget deletes runs (delete_run) from inside an ingest.
         self._write_lock = threading.RLock()
-        retention.prepare_new_file(self.path)
+        database_file.prepare_new_file(self.path)
         self._writer = self._connect(WRITER_CACHE_KIB)
         self._writer.execute(f"PRAGMA soft_heap_limit={SQLITE_SOFT_HEAP_BYTES}")
         self.migrate_schema()
@@ -114,7 +114,7 @@ class Store:
         self._migrate(self._writer)
         self._writer.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         self._writer.commit()
-        retention.migrate(self._writer, self.path, vacuum=vacuum)
+        database_file.migrate(self._writer, self.path, vacuum=vacuum)
         rollup_bands.migrate(self._writer)
         run_rollups.migrate(self._writer)
 
