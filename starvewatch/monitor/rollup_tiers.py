@@ -6,7 +6,7 @@ epoch bounds keep their extremes, bands merge as rollup_bands says); which tier 
 to merge is the budget's policy (retention.py: TIERS_S, MIN_BUCKETS, TIER_KEEP_RECENT_S)."""
 from __future__ import annotations
 
-from . import rollup_bands, run_rollups
+from . import rollup_bands, rollup_merge, run_rollups
 from .write_transaction import immediate_transaction
 
 
@@ -28,13 +28,7 @@ def coarsen_rollups(w, run_id: str, width_s: int, before_s: int | None = None) -
                   (width_s, width_s, width_s, run_id, width_s, cut, width_s))
         merged = w.execute("DELETE FROM rollups WHERE run_id = ? AND span_s < ? AND second < ?",
                            (run_id, width_s, cut)).rowcount
-        w.execute("INSERT INTO rollups SELECT * FROM temp.coarse WHERE true "
-                  "ON CONFLICT(run_id, loader, rank, second) DO UPDATE SET steps = steps + excluded.steps, "
-                  "wait_ns = wait_ns + excluded.wait_ns, compute_ns = compute_ns + excluded.compute_ns, "
-                  "other_ns = other_ns + excluded.other_ns, samples = samples + excluded.samples, "
-                  "gpu_idle_ns = gpu_idle_ns + excluded.gpu_idle_ns, gpu_steps = gpu_steps + excluded.gpu_steps, "
-                  "wait_max_ns = max(wait_max_ns, excluded.wait_max_ns), "
-                  "epoch_min = min(epoch_min, excluded.epoch_min), epoch_max = max(epoch_max, excluded.epoch_max), "
-                  "span_s = max(span_s, excluded.span_s), " + rollup_bands.MERGE)
+        w.execute("INSERT INTO rollups SELECT * FROM temp.coarse WHERE true " + rollup_merge.ON_CONFLICT_ADD
+                  + "span_s = max(span_s, excluded.span_s), " + rollup_bands.MERGE)
         run_rollups.coarsen(w, run_id, width_s, cut)
     return merged

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..stats import RecordStats
-from . import rollup_bands, run_rollups
+from . import rollup_bands, rollup_merge, run_rollups
 
 
 def insert_steps(w, batch, stats_for: Callable[..., RecordStats],
@@ -79,13 +79,7 @@ def insert_steps(w, batch, stats_for: Callable[..., RecordStats],
             "INSERT INTO rollups (run_id, rank, loader, second, steps, wait_ns, compute_ns, other_ns, samples, "
             "gpu_idle_ns, gpu_steps, wait_max_ns, epoch_min, epoch_max, wait_min_ns, compute_min_ns, "
             "compute_max_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT(run_id, loader, rank, second) DO UPDATE SET steps = steps + excluded.steps, "
-            "wait_ns = wait_ns + excluded.wait_ns, compute_ns = compute_ns + excluded.compute_ns, "
-            "other_ns = other_ns + excluded.other_ns, samples = samples + excluded.samples, "
-            "gpu_idle_ns = gpu_idle_ns + excluded.gpu_idle_ns, gpu_steps = gpu_steps + excluded.gpu_steps, "
-            "wait_max_ns = max(wait_max_ns, excluded.wait_max_ns), "
-            "epoch_min = min(epoch_min, excluded.epoch_min), epoch_max = max(epoch_max, excluded.epoch_max), "
-            + rollup_bands.MERGE,
+            + rollup_merge.ON_CONFLICT_ADD + rollup_bands.MERGE,
             [(rid, batch.rank, name, *row, *band)
              for row, band in zip(zip(*(c.tolist() for c in columns)), bands)])
         # The same rows added into the rank-summed rollups (one rank per batch).
