@@ -163,7 +163,8 @@ def test_a_database_of_schema_1_opens_and_keeps_its_replays_out(tmp_path):
     import sqlite3
 
     from starvewatch.monitor.models import EventBatch
-    from starvewatch.monitor.store import SCHEMA_VERSION, Store
+    from starvewatch.monitor.store import Store
+    from starvewatch.monitor.store_schema import SCHEMA_VERSION
     path = tmp_path / "old.db"
     old = sqlite3.connect(path)
     old.executescript("""

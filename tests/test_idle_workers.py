@@ -142,7 +142,7 @@ def test_datasets_with_one_shard_and_a_pure_torch_uneven_split_are_found():
 def test_idle_workers_are_judged_only_while_the_loop_waits():
     """The same idle worker with a loop that never waits (a 20 ms step against 2 ms loads) is
     not a finding: nothing to gain."""
-    from starvewatch.monitor.findings import idle_worker_findings
+    from starvewatch.monitor.idle_workers import idle_worker_findings
     events = [{"loader": "train", "rank": 0, "workers": [{"id": 0, "batches": 16}, {"id": 1, "batches": 0}]}]
     config = {"train": {"num_workers": 2, "dataset_shards": 1}}
     assert idle_worker_findings(events, config, {"train": 0.01}) == []
@@ -369,7 +369,7 @@ def test_a_rank_short_of_data_does_not_set_the_worker_count_of_every_rank():
     rank 1 (its worker 0 at 3 is not idle by rank 0's share); the loader's model, over both
     ranks' steps, keeps its 2 workers."""
     from starvewatch.monitor.diagnosis import _active_workers
-    from starvewatch.monitor.findings import idle_worker_findings
+    from starvewatch.monitor.idle_workers import idle_worker_findings
     events = [{"loader": "train", "rank": 0, "workers": [{"id": 0, "batches": 12}, {"id": 1, "batches": 12}]},
               {"loader": "train", "rank": 1, "workers": [{"id": 0, "batches": 3}, {"id": 1, "batches": 0}]}]
     [found] = idle_worker_findings(events, {"train": {"num_workers": 2}}, {"train": 0.0}, world_size=2)

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from starvewatch.cli import build_parser
 from starvewatch.dashboard import views
-from starvewatch.monitor import retention
+from starvewatch.monitor import folded_reads, retention
 from starvewatch.monitor.app import create_app
 from starvewatch.monitor.query import Query
 from starvewatch.monitor.settings import CollectorSettings
@@ -184,7 +184,7 @@ def test_ended_runs_are_coarsened_then_deleted_oldest_first_with_a_log_line_and_
                                           status="finished" if i == 2 else "live")).status_code == 200
             assert retention.file_bytes(store.path) <= 1_100_000
         ids = [r["id"] for r in client.get("/api/v1/runs").json()["runs"]]
-        notes = retention.recent_notes(store.reader(), limit=100)
+        notes = folded_reads.recent_notes(store.reader(), limit=100)
         shown = Query(store).storage_notes()  # the banner's: the latest five
         latest = client.get("/api/v1/runs/run-5/summary").json()
     assert "run-0" not in ids and "run-5" in ids

@@ -16,7 +16,7 @@ from starvewatch.hooks.report import format_report
 from starvewatch.hooks.session import current_session
 from starvewatch.monitor.export import render_html, to_markdown
 from tests.conftest import wait_until
-from starvewatch.monitor.findings import growth_of, memory_growth_findings, worker_memory_series
+from starvewatch.monitor.worker_memory import growth_of, memory_growth_findings, worker_memory_series
 
 ITEMS = 600_000      # ~55 MiB of Python lists and floats in the parent
 CHUNK = 1500         # objects each sample reads: ITEMS / CHUNK = 400 samples (5 epochs)
@@ -286,7 +286,7 @@ def _shut_down(inner) -> None:
 
 
 def test_shm_estimate_blames_only_loaders_whose_batches_matter():
-    from starvewatch.monitor.findings import shm_findings
+    from starvewatch.monitor.shm_exhaustion import shm_findings
     mib = 2**20
     events = [{"loader": name, "workers": [{"id": 0, "batch_bytes": size}]}
               for name, size in (("tiny", 4096), ("big", 20 * mib))]

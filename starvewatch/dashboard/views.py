@@ -8,7 +8,7 @@ from ..monitor import figures
 from ..monitor.diagnosis import joint_changes_note
 from ..monitor import compare
 from .quantities import human_bytes
-from ..monitor.findings import stall_where
+from ..monitor.stall_text import stall_where
 
 
 def pct(x) -> str:

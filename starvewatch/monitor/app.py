@@ -262,7 +262,7 @@ def create_app(settings: CollectorSettings | None = None, *,
         if format == "csv":
             # Streamed page by page: a 1M-step run never sits in memory.
             state["query"].detail(run_id)  # 404 before the 200 has gone out
-            from .retention import export_rows
+            from .folded_reads import export_rows
             return StreamingResponse(csv_chunks(run_id, export_rows(state["store"], run_id)),
                                      media_type=f"{media}; charset=utf-8", headers=headers)
         try:

@@ -8,7 +8,8 @@ import io
 import json
 import re
 
-from .findings import finding_line, stall_where
+from .findings import finding_line
+from .stall_text import stall_where
 from .markdown_text import md_block, md_code, md_text
 from ..quantities import speedup_text
 from .diagnosis import joint_changes_note

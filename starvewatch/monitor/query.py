@@ -11,7 +11,8 @@ import orjson
 
 from .analysis import iso, summarize
 from . import rollup_bands
-from .retention import RAW_WINDOW_STEPS, recent_notes, rolled_spans, samples_rolled
+from .folded_reads import recent_notes, rolled_spans, samples_rolled
+from .retention import RAW_WINDOW_STEPS
 from .store import Store
 from .tuning import with_tuning
 

@@ -33,8 +33,8 @@ def stored(steps: list[int], *columns: list[int]) -> list[tuple]:
 
 
 def migrate(w) -> None:
-    """Add the columns to `rollups`. Run after retention.migrate (its span_s): a new and a
-    migrated database then have one column order, which retention's coarsening relies on."""
+    """Add the columns to `rollups`. Run after database_file.migrate (its span_s): a new and a
+    migrated database then have one column order, which the tiers' coarsening relies on."""
     present = {row[1] for row in w.execute("PRAGMA table_info(rollups)")}
     for column in COLUMNS:
         if column not in present:

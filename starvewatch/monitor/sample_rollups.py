@@ -163,7 +163,7 @@ def _fold_workers(members: list[dict], width_s: int) -> dict:
         for key, part in parts["agg"].items():
             _merge_agg(aggs, key, part)
         for point in parts["mem_points"]:
-            # One point per memory reading (findings.worker_memory_series skips repeats the same way).
+            # One point per memory reading (worker_memory.worker_memory_series skips repeats the same way).
             key = (point[0], point[1])
             if point[2] > last_t.get(key, -1):
                 last_t[key] = point[2]
@@ -171,7 +171,7 @@ def _fold_workers(members: list[dict], width_s: int) -> dict:
         sigbus += [p for p in parts["sigbus_pids"] if p not in sigbus]
         check = m.get("shard_check")
         if check and (worst is None or check["reads_per_batch"] >= worst["reads_per_batch"]):
-            worst = check  # the latest of the worst, as findings.shard_findings keeps
+            worst = check  # the latest of the worst, as duplicate_shards.shard_findings keeps
         if m.get("shard_hashes"):
             hashes = m["shard_hashes"]
     # A worker's first and last reading of the bucket: a month of 5 s readings would outgrow any

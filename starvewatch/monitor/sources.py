@@ -51,9 +51,9 @@ class LocalSource:
 
     def csv_chunks(self, run_id: str):
         """The CSV export as UTF-8 chunks: the collector's API route streams the same function
-        (every step, rolled-up spans as their marked buckets: retention.export_rows)."""
+        (every step, rolled-up spans as their marked buckets: folded_reads.export_rows)."""
         from .export import csv_chunks
-        from .retention import export_rows
+        from .folded_reads import export_rows
         self._call(self.query.detail, run_id)
         return csv_chunks(run_id, export_rows(self.store, run_id, 20_000))
 

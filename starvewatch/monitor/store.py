@@ -3,6 +3,10 @@
 Writes go through one connection under a lock; reads use a connection per thread, which WAL
 lets run beside the writer. Per-second rollups and per-loader histograms are kept as data
 arrives, so summaries and long-range views never scan every step row.
+
+This module is the store's connections, its ingest transaction and its reads; the tables and
+their migration are in store_schema.py, the writing of a batch's steps (rows, rollups,
+statistics) in step_ingest.py, the part of a replayed batch not stored yet in batch_records.py.
 """
 from __future__ import annotations
 
@@ -18,71 +22,17 @@ import orjson
 from ..batch_parts import uncovered
 from ..private_files import FILE_MODE, make_private_dirs
 from ..stats import LoaderTotals, RecordStats
-from . import retention, rollup_bands, run_rollups, sample_rollups
+from . import database_file, retention, rollup_bands, run_rollups
+from .batch_records import only_records
+from .step_ingest import insert_steps
+from .store_schema import DDL, SCHEMA_VERSION, migrate_tables
+from .write_transaction import immediate_transaction
 
-# 2: `seen` keeps record ranges [first, end) of each batch (batch_parts.py), not only (stream, seq);
-#    `rejected_files` counts the spool files that could not be ingested.
-# 3: `run_rollups`, the per-rank rollups summed over ranks (run_rollups.py), filled at open.
-# 4: `events.span_s` (0: a raw sample; else the tier of a bucket of folded samples) and
-#    `rolled_samples` (sample_rollups.py): samples follow the storage budget's tiers.
-# 5: `rollups` keep their steps' least wait and least and greatest compute (rollup_bands.py),
-#    the chart's min-max bands.
-SCHEMA_VERSION = 5
-WHOLE_BATCH_END = 2**62  # a batch stored before version 2: every record of it
 # SQLite's memory, bounded whatever the number of threads (monitor/memory.py for the rest): each
 # thread that reads has its own connection and page cache, and anyio's pool has up to 40.
 WRITER_CACHE_KIB = 2000       # SQLite's default, said explicitly: ingest's indexes stay cached
 READER_CACHE_KIB = 1024       # a reader's page cache; the OS page cache is behind it
 SQLITE_SOFT_HEAP_BYTES = 48 * 2**20  # process-wide: past it, page caches recycle pages, not grow
-
-DDL = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL, meta TEXT NOT NULL DEFAULT '{}',
-    started_at REAL, ended_at REAL, first_seen REAL NOT NULL, last_seen REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS streams (
-    stream TEXT PRIMARY KEY, run_id TEXT NOT NULL, rank INTEGER NOT NULL,
-    last_seq INTEGER NOT NULL DEFAULT 0, last_seen REAL NOT NULL, finished INTEGER NOT NULL DEFAULT 0,
-    drops TEXT NOT NULL DEFAULT '{}', delivery TEXT);
-CREATE INDEX IF NOT EXISTS streams_run ON streams(run_id);
-CREATE TABLE IF NOT EXISTS seen (stream TEXT NOT NULL, seq INTEGER NOT NULL, first INTEGER NOT NULL,
-    end INTEGER NOT NULL, PRIMARY KEY (stream, seq, first, end)) WITHOUT ROWID;
--- Spool files the collector could not ingest (set aside in rejected/): counted in their run's account.
-CREATE TABLE IF NOT EXISTS rejected_files (
-    run_id TEXT NOT NULL, stream TEXT NOT NULL, file TEXT NOT NULL, reason TEXT NOT NULL,
-    records INTEGER, at REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS rejected_files_run ON rejected_files(run_id);
-CREATE TABLE IF NOT EXISTS loaders (
-    run_id TEXT NOT NULL, stream TEXT NOT NULL, rank INTEGER NOT NULL, name TEXT NOT NULL,
-    kind TEXT, config TEXT, totals TEXT NOT NULL, totals_seq INTEGER NOT NULL,
-    stats TEXT, PRIMARY KEY (run_id, stream, name));
-CREATE TABLE IF NOT EXISTS steps (
-    run_id TEXT NOT NULL, rank INTEGER NOT NULL, loader TEXT NOT NULL, epoch INTEGER NOT NULL,
-    step INTEGER NOT NULL, start_ns INTEGER NOT NULL, wait_ns INTEGER NOT NULL,
-    compute_ns INTEGER NOT NULL, other_ns INTEGER NOT NULL, batch_size INTEGER, gpu_idle_ns INTEGER);
--- No index on steps (it would cost a third of ingest): each batch's rows are contiguous, so a
--- run's rows are found through its blocks of rowids.
-CREATE TABLE IF NOT EXISTS step_blocks (
-    run_id TEXT NOT NULL, first_rowid INTEGER NOT NULL, last_rowid INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS step_blocks_run ON step_blocks(run_id, first_rowid);
-CREATE TABLE IF NOT EXISTS rollups (
-    run_id TEXT NOT NULL, rank INTEGER NOT NULL, loader TEXT NOT NULL, second INTEGER NOT NULL,
-    steps INTEGER NOT NULL, wait_ns INTEGER NOT NULL, compute_ns INTEGER NOT NULL,
-    other_ns INTEGER NOT NULL, samples INTEGER NOT NULL, gpu_idle_ns INTEGER NOT NULL,
-    gpu_steps INTEGER NOT NULL, wait_max_ns INTEGER NOT NULL, epoch_min INTEGER NOT NULL,
-    epoch_max INTEGER NOT NULL, PRIMARY KEY (run_id, loader, rank, second)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS phases (
-    run_id TEXT NOT NULL, rank INTEGER NOT NULL, loader TEXT NOT NULL, epoch INTEGER NOT NULL,
-    step INTEGER NOT NULL, name TEXT NOT NULL, ns INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS phases_run ON phases(run_id);
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT NOT NULL, rank INTEGER NOT NULL, kind TEXT NOT NULL, t_ns INTEGER NOT NULL,
-    data TEXT NOT NULL, span_s INTEGER NOT NULL DEFAULT 0);
-CREATE INDEX IF NOT EXISTS events_run ON events(run_id, kind, t_ns);
--- `starvewatch tune` results stored with a run (JSON documents, starvewatch.tuning/1).
-CREATE TABLE IF NOT EXISTS tunings (run_id TEXT NOT NULL, created_at REAL NOT NULL, data TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS tunings_run ON tunings(run_id, created_at);
-"""
 
 
 class Store:
@@ -94,7 +44,7 @@ class Store:
         os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, FILE_MODE))
         # Reentrant: the storage budget deletes runs (delete_run) from inside an ingest.
         self._write_lock = threading.RLock()
-        retention.prepare_new_file(self.path)
+        database_file.prepare_new_file(self.path)
         self._writer = self._connect(WRITER_CACHE_KIB)
         self._writer.execute(f"PRAGMA soft_heap_limit={SQLITE_SOFT_HEAP_BYTES}")
         self.migrate_schema()
@@ -111,30 +61,12 @@ class Store:
         """Bring the file to this version's schema (at open; and for a copy of an older database
         restored into this store: sources.LocalSource.offline, vacuum=False)."""
         self._writer.executescript(DDL)
-        self._migrate(self._writer)
+        migrate_tables(self._writer)
         self._writer.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         self._writer.commit()
-        retention.migrate(self._writer, self.path, vacuum=vacuum)
+        database_file.migrate(self._writer, self.path, vacuum=vacuum)
         rollup_bands.migrate(self._writer)
         run_rollups.migrate(self._writer)
-
-    @staticmethod
-    def _migrate(w: sqlite3.Connection) -> None:
-        """Databases written by earlier versions: additive columns, and `seen` by record range
-        (a batch stored before version 2 covers all its records)."""
-        columns = {row[1] for row in w.execute("PRAGMA table_info(streams)")}
-        if "delivery" not in columns:
-            w.execute("ALTER TABLE streams ADD COLUMN delivery TEXT")
-        if "first" not in {row[1] for row in w.execute("PRAGMA table_info(seen)")}:
-            w.executescript(f"""
-                BEGIN IMMEDIATE;
-                CREATE TABLE seen_ranges (stream TEXT NOT NULL, seq INTEGER NOT NULL, first INTEGER NOT NULL,
-                    end INTEGER NOT NULL, PRIMARY KEY (stream, seq, first, end)) WITHOUT ROWID;
-                INSERT INTO seen_ranges SELECT stream, seq, 0, {WHOLE_BATCH_END} FROM seen;
-                DROP TABLE seen;
-                ALTER TABLE seen_ranges RENAME TO seen;
-                COMMIT;""")
-        sample_rollups.migrate(w)
 
     def _connect(self, cache_kib: int) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
@@ -191,7 +123,7 @@ class Store:
                     (batch.stream, batch.run_id, batch.rank, batch.seq, now,
                      1 if batch.status == "finished" else 0, orjson.dumps(batch.drops).decode(), delivery))
                 if len(steps):
-                    self._insert_steps(w, batch)
+                    insert_steps(w, batch, self._stats, self._save_stats)
                 for loader in batch.loaders:
                     self._upsert_loader(w, batch, loader)
                 if batch.phases:
@@ -246,100 +178,17 @@ class Store:
         else:
             w.execute("UPDATE runs SET last_seen = ? WHERE id = ?", (now, batch.run_id))
 
-    def _insert_steps(self, w, batch) -> None:
-        import numpy as np
-
-        s = batch.steps
-        n = len(s)
-        rid, rank = batch.run_id, batch.rank
-        rows = zip([rid] * n, [rank] * n, s.loader, s.epoch, s.step, s.start_ns, s.wait_ns,
-                   s.compute_ns, s.other_ns, s.batch_size, s.gpu_idle_ns)
-        first = (w.execute("SELECT max(rowid) FROM steps").fetchone()[0] or 0) + 1
-        w.executemany("INSERT INTO steps VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        w.execute("INSERT INTO step_blocks VALUES (?, ?, ?)", (rid, first, first + n - 1))
-        # Per-second rollups and per-loader statistics, kept as the data arrives (numpy: a
-        # 20,000-record batch costs a few milliseconds here).
-        names = list(s.loader)
-        groups = {names[0]: None} if names.count(names[0]) == n else None
-        if groups is None:
-            groups = {}
-            for i, name in enumerate(names):
-                groups.setdefault(name, []).append(i)
-        start = np.asarray(s.start_ns, dtype=np.int64)
-        wait = np.asarray(s.wait_ns, dtype=np.int64)
-        compute = np.asarray(s.compute_ns, dtype=np.int64)
-        other = np.asarray(s.other_ns, dtype=np.int64)
-        epoch = np.asarray(s.epoch, dtype=np.int64)
-        size = np.asarray([b or 0 for b in s.batch_size], dtype=np.int64)
-        gpu_known = np.asarray([g is not None for g in s.gpu_idle_ns], dtype=bool)
-        gpu = np.asarray([g or 0 for g in s.gpu_idle_ns], dtype=np.int64)
-        for name, idx in groups.items():
-            pick = (lambda col: col) if idx is None else (lambda col: [col[i] for i in idx])
-            sel = slice(None) if idx is None else np.asarray(idx)
-            stats = self._stats(w, rid, batch.stream, name)
-            stats.add_columns(pick(s.step), pick(s.wait_ns), pick(s.compute_ns), pick(s.gpu_idle_ns),
-                              vectorized=True)
-            seconds, inverse = np.unique(start[sel] // 1_000_000_000, return_inverse=True)
-            k = len(seconds)
-
-            def total(values):
-                return np.bincount(inverse, weights=values, minlength=k).astype(np.int64)
-
-            wait_max = np.zeros(k, dtype=np.int64)
-            np.maximum.at(wait_max, inverse, wait[sel])
-            wait_min = np.full(k, np.iinfo(np.int64).max)
-            np.minimum.at(wait_min, inverse, wait[sel])
-            compute_min = np.full(k, np.iinfo(np.int64).max)
-            np.minimum.at(compute_min, inverse, compute[sel])
-            compute_max = np.zeros(k, dtype=np.int64)
-            np.maximum.at(compute_max, inverse, compute[sel])
-            e_min = np.full(k, np.iinfo(np.int64).max)
-            np.minimum.at(e_min, inverse, epoch[sel])
-            e_max = np.zeros(k, dtype=np.int64)
-            np.maximum.at(e_max, inverse, epoch[sel])
-            # bincount's float weights are exact below 2**53 ns (104 days) per second bucket.
-            columns = (seconds, np.bincount(inverse, minlength=k), total(wait[sel]), total(compute[sel]),
-                       total(other[sel]), total(size[sel]), total(gpu[sel]),
-                       np.bincount(inverse, weights=gpu_known[sel], minlength=k).astype(np.int64),
-                       wait_max, e_min, e_max)
-            bands = rollup_bands.stored(*(c.tolist() for c in (columns[1], wait_min, compute_min, compute_max)))
-            w.executemany(
-                "INSERT INTO rollups (run_id, rank, loader, second, steps, wait_ns, compute_ns, other_ns, samples, "
-                "gpu_idle_ns, gpu_steps, wait_max_ns, epoch_min, epoch_max, wait_min_ns, compute_min_ns, "
-                "compute_max_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT(run_id, loader, rank, second) DO UPDATE SET steps = steps + excluded.steps, "
-                "wait_ns = wait_ns + excluded.wait_ns, compute_ns = compute_ns + excluded.compute_ns, "
-                "other_ns = other_ns + excluded.other_ns, samples = samples + excluded.samples, "
-                "gpu_idle_ns = gpu_idle_ns + excluded.gpu_idle_ns, gpu_steps = gpu_steps + excluded.gpu_steps, "
-                "wait_max_ns = max(wait_max_ns, excluded.wait_max_ns), "
-                "epoch_min = min(epoch_min, excluded.epoch_min), epoch_max = max(epoch_max, excluded.epoch_max), "
-                + rollup_bands.MERGE,
-                [(rid, batch.rank, name, *row, *band)
-                 for row, band in zip(zip(*(c.tolist() for c in columns)), bands)])
-            # The same rows added into the rank-summed rollups (one rank per batch).
-            ranks = run_rollups.rank_bit(batch.rank)
-            w.executemany(
-                f"INSERT INTO run_rollups ({run_rollups.COLUMNS}) "
-                "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) " + run_rollups.MERGE,
-                [(rid, name, *row, ranks) for row in zip(*(c.tolist() for c in columns))])
-            self._save_stats(w, rid, batch.stream, batch.rank, name, stats)
-
     def note_rejected_file(self, run_id: str, stream: str, file: str, reason: str, records: int | None) -> None:
         """A spool file that could not be ingested: counted in its run's account (a run row is
         made for it when none exists, so the loss is shown)."""
         now = time.time()
         with self._write_lock:
             w = self._writer
-            w.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate_transaction(w):
                 w.execute("INSERT OR IGNORE INTO runs (id, name, meta, first_seen, last_seen) VALUES (?, ?, ?, ?, ?)",
                           (run_id, run_id, orjson.dumps({"id": run_id, "name": run_id}).decode(), now, now))
                 w.execute("INSERT INTO rejected_files VALUES (?, ?, ?, ?, ?, ?)",
                           (run_id, stream, file, reason[:500], records, now))
-                w.execute("COMMIT")
-            except BaseException:
-                w.execute("ROLLBACK")
-                raise
             self.versions[run_id] += 1
             self.version += 1
 
@@ -467,8 +316,7 @@ class Store:
     def delete_run(self, run_id: str) -> bool:
         with self._write_lock:
             w = self._writer
-            w.execute("BEGIN IMMEDIATE")
-            try:
+            with immediate_transaction(w):
                 found = w.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount > 0
                 for first, last in w.execute("SELECT first_rowid, last_rowid FROM step_blocks WHERE run_id = ?",
                                              (run_id,)).fetchall():
@@ -477,10 +325,6 @@ class Store:
                               "rejected_files", "rolled_spans", "step_exemplars", "rolled_samples"):
                     w.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
                 # `seen` stays: a late replay of a deleted run's batch must not resurrect it.
-                w.execute("COMMIT")
-            except BaseException:
-                w.execute("ROLLBACK")
-                raise
             for key in [k for k in self._stats_cache if k[0] == run_id]:
                 del self._stats_cache[key]
             # Forgotten, not bumped: `deletions` already voids every cached answer, and a collector
@@ -490,25 +334,3 @@ class Store:
             self.deletions += 1
         return found
 
-
-def only_records(batch, first: int, ranges: list[tuple[int, int]]):
-    """The batch (a part [first, ...) of its sequence, batch_parts.py) keeping only the records
-    in `ranges`, and the phases of the step records kept."""
-    keep = lambda i: any(a <= i < b for a, b in ranges)  # noqa: E731 - few ranges
-    update = {}
-    offset = first
-    for kind in ("steps", "samples", "workers", "stalls"):
-        if kind == "steps":
-            n = len(batch.steps)
-            mask = [keep(offset + i) for i in range(n)]
-            columns = {name: [v for v, m in zip(getattr(batch.steps, name), mask) if m]
-                       for name in type(batch.steps).model_fields}
-            update["steps"] = batch.steps.model_copy(update=columns)
-            kept = set(zip(columns["loader"], columns["epoch"], columns["step"]))
-            update["phases"] = [p for p in batch.phases if tuple(p[:3]) in kept]
-        else:
-            items = getattr(batch, kind)
-            n = len(items)
-            update[kind] = [item for i, item in enumerate(items) if keep(offset + i)]
-        offset += n
-    return batch.model_copy(update=update)

@@ -1,0 +1,30 @@
+"""The part of a batch not stored yet: a batch replayed after a split differently made (a
+spool file cut by record range, batch_parts.py) keeps only the records the store lacks.
+
+Its own module because it is a pure function of the wire model (an EventBatch), apart from
+the store's SQL; the store's ingest calls it with the ranges `seen` does not cover.
+"""
+from __future__ import annotations
+
+
+def only_records(batch, first: int, ranges: list[tuple[int, int]]):
+    """The batch (a part [first, ...) of its sequence, batch_parts.py) keeping only the records
+    in `ranges`, and the phases of the step records kept."""
+    keep = lambda i: any(a <= i < b for a, b in ranges)  # noqa: E731 - few ranges
+    update = {}
+    offset = first
+    for kind in ("steps", "samples", "workers", "stalls"):
+        if kind == "steps":
+            n = len(batch.steps)
+            mask = [keep(offset + i) for i in range(n)]
+            columns = {name: [v for v, m in zip(getattr(batch.steps, name), mask) if m]
+                       for name in type(batch.steps).model_fields}
+            update["steps"] = batch.steps.model_copy(update=columns)
+            kept = set(zip(columns["loader"], columns["epoch"], columns["step"]))
+            update["phases"] = [p for p in batch.phases if tuple(p[:3]) in kept]
+        else:
+            items = getattr(batch, kind)
+            n = len(items)
+            update[kind] = [item for i, item in enumerate(items) if keep(offset + i)]
+        offset += n
+    return batch.model_copy(update=update)
