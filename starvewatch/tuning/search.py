@@ -8,7 +8,6 @@ would not fit in free RAM or /dev/shm is skipped with the reason.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import time
 
