@@ -382,7 +382,7 @@ def markdown(report: dict) -> str:
     passed = sum(1 for r in rows if r["ok"])
     off = [r["name"] for r in rows if not r["ok"]]
     lines += ["", f"{passed} of {len(rows)} scenarios as expected" + (f"; off: {', '.join(off)}" if off else "") + "."]
-    apart = [r for r in rows if r.get("measured_at") and r["measured_at"][:10] != report["date"][:10]]
+    apart = [r for r in rows if r.get("measured_apart")]
     if apart:  # rows merged in from a partial run (--merge)
         lines += ["", "Measured apart from that run: " + ", ".join(
             f"{r['name']} ({r['measured_at'][:16].replace('T', ' ')} UTC)" for r in apart) + "."]
@@ -423,6 +423,7 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
     rows = []
+    started = datetime.now(timezone.utc)  # the run's date: a run that passes midnight is still one run
     for scenario in SCENARIOS:
         if args.only and scenario.name not in args.only:
             continue
@@ -430,12 +431,14 @@ def main() -> int:
         load_before = os.getloadavg()[0]
         row = run_scenario(scenario)
         row["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        if args.only:  # a partial run's rows, merged into a full run's results (--merge), say so
+            row["measured_apart"] = True
         row["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
         rows.append(row)
         print(f"{row['name']}: ok={row['ok']} {row['checks']} got={row['got']} "
               f"measured={[(m['change'], m['predicted'], m['measured']) for m in row['measurements']]} "
               f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-    report = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    report = {"date": started.isoformat(timespec="seconds"),
               "machine": f"{os.cpu_count()} cores, {platform.machine()}, "
                          f"{platform.system()} {platform.release()}",
               "torch": torch.__version__, "python": platform.python_version(), "rows": rows}
