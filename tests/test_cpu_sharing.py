@@ -12,6 +12,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import starvewatch
+from benchmarks.scenarios.cases import Photos, spin
 from starvewatch.dashboard.answer import answer
 from starvewatch.hooks.report import recommendation_line
 from starvewatch.monitor.diagnosis import DEFAULT
@@ -166,36 +167,7 @@ def test_the_runs_mean_process_cpu_stands_in_for_a_short_loop():
     assert f.main_cpu_ms == pytest.approx(4.0, rel=0.01)
 
 
-# ---- a real Pillow pipeline -------------------------------------------------------------------
-class Photos:
-    """Pillow opens a JPEG, random crop, flip, resize, to a tensor (as benchmarks/scenarios)."""
-
-    def __init__(self, paths):
-        self.paths = paths
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        import torch
-        rng = random.Random(i)
-        with Image.open(self.paths[i]) as image:
-            image = image.convert("RGB")
-            x, y = rng.randrange(image.width - 96), rng.randrange(image.height - 96)
-            image = image.crop((x, y, x + 96, y + 96))
-            if rng.random() < 0.5:
-                image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-            image = image.resize((64, 64), Image.Resampling.BILINEAR)
-            pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
-        return pixels.view(64, 64, 3).permute(2, 0, 1).float().div_(255)
-
-
-def spin(seconds: float) -> None:
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-
-
+# ---- a real Pillow pipeline (the harness's, on smaller images) --------------------------------
 def test_a_real_pillow_pipeline_is_cpu_bound_and_its_prediction_shares_the_cores(tmp_path, monkeypatch):
     from starvewatch.monitor import diagnosis
     monkeypatch.setenv("STARVEWATCH_HOST_INTERVAL_S", "0.1")
@@ -214,7 +186,7 @@ def test_a_real_pillow_pipeline_is_cpu_bound_and_its_prediction_shares_the_cores
         noise.save(path, quality=90)
         paths.append(path)
     starvewatch.init("pillow")
-    watched = starvewatch.watch(DataLoader(Photos(paths), batch_size=8, num_workers=0), name="train")
+    watched = starvewatch.watch(DataLoader(Photos(crop=96, out=64, paths=paths), batch_size=8, num_workers=0), name="train")
     deadline = time.monotonic() + 1.5  # epochs until the sampler measured the loop's CPU a few times
     while time.monotonic() < deadline:
         for _ in watched:

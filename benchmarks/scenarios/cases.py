@@ -322,9 +322,11 @@ class Photos(Dataset):
     """The tutorial image pipeline, CPU-bound: Pillow opens a JPEG, random crop, random
     horizontal flip, resize, to a float tensor (CHW, 0-1)."""
 
-    def __init__(self, crop: int = 192, out: int = 128) -> None:
-        self.folder = jpeg_folder()
-        self.paths = sorted(os.path.join(self.folder, p) for p in os.listdir(self.folder))
+    def __init__(self, crop: int = 192, out: int = 128, paths: list[str] | None = None) -> None:
+        if paths is None:
+            folder = jpeg_folder()
+            paths = sorted(os.path.join(folder, p) for p in os.listdir(folder))
+        self.paths = paths
         self.crop, self.out = crop, out
 
     def __len__(self):
