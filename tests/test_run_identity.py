@@ -46,8 +46,18 @@ def torchrun(tmp_path, port: int, data_dir: Path, *extra, **env_extra) -> list[t
                            *extra, str(script)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return sorted((int(rank), int(restart), run_id) for _, rank, restart, run_id in
-                  (line.split() for line in done.stdout.splitlines() if line.startswith("RUN ")))
+    return RunLines(sorted((int(rank), int(restart), run_id) for _, rank, restart, run_id in
+                           (line.split() for line in done.stdout.splitlines() if line.startswith("RUN "))),
+                    done.stderr)
+
+
+class RunLines(list):
+    """The workers' RUN lines, sorted, with torchrun's stderr: when an attempt is missing (seen
+    once in CI, not reproduced in 18 runs since), the agent's log says why it restarted."""
+
+    def __init__(self, lines, stderr: str) -> None:
+        super().__init__(lines)
+        self.stderr = stderr
 
 
 def spooled_runs(data_dir: Path) -> dict[str, list[dict]]:
@@ -64,7 +74,7 @@ def test_two_torchrun_jobs_on_one_master_port_are_two_runs_and_a_restart_stays_i
     assert [(rank, restart) for rank, restart, _ in first] == [(0, 0), (1, 0)]
     assert len({run_id for *_, run_id in first}) == 1  # the two ranks: one run
     second = torchrun(tmp_path, port, data, "--max-restarts", "1", SW_FAIL_FIRST="1")
-    assert [(rank, restart) for rank, restart, _ in second] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [(rank, restart) for rank, restart, _ in second] == [(0, 0), (0, 1), (1, 0), (1, 1)], second.stderr[-4000:]
     assert len({run_id for *_, run_id in second}) == 1  # both attempts: the job's one run
     [first_id], [second_id] = {first[0][2]}, {second[0][2]}
     assert first_id != second_id  # the same master address and port, a new invocation: a new run
