@@ -8,6 +8,7 @@ import itertools
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -62,23 +63,37 @@ def _rows(transport) -> list[tuple]:
     return [row[:3] + (row[3] - first,) + row[4:] for row in rows]
 
 
-def _a_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], SharedClock, dict]:
-    """Three epochs with every kind of step on one clock: fast-path runs, step() and phase()
-    blocks (the general path and back), a nested validation loop, a break, the end."""
+@contextmanager
+def _one_clock(core_name: str, monkeypatch):
+    """Run on `core_name` with both cores reading one SharedClock (yielded); the compiled core's
+    clock is given back at the end."""
     from starvewatch import _ccore
     clock = SharedClock()
     core.use(core_name)
     monkeypatch.setattr(loader, "_now", clock.python)
     _ccore.set_clock(clock.compiled)
     try:
+        yield clock
+    finally:
+        _ccore.set_clock(None)
+
+
+def _shipper_cycles_by_hand(session) -> None:
+    """The shipper cycles at known points (not on its timer), so that both runs take the fast
+    path at the same steps: after a general-path step it resumes once the shipper has taken the
+    segment before."""
+    session.shipper._stop_requested.set()
+    session.shipper._wake.set()
+    session.shipper.join(5)
+
+
+def _a_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], SharedClock, dict]:
+    """Three epochs with every kind of step on one clock: fast-path runs, step() and phase()
+    blocks (the general path and back), a nested validation loop, a break, the end."""
+    with _one_clock(core_name, monkeypatch) as clock:
         transport = MemoryTransport()
         session = starvewatch.init("same-clock", transport=transport)
-        # The shipper cycles at known points (not on its timer), so that both runs take the
-        # fast path at the same steps: after a general-path step it resumes once the shipper
-        # has taken the segment before.
-        session.shipper._stop_requested.set()
-        session.shipper._wake.set()
-        session.shipper.join(5)
+        _shipper_cycles_by_hand(session)
         train = starvewatch.watch(list(range(400)), name="train")
         val = starvewatch.watch([[0, 1], [2, 3]] * 5, name="val")
         for epoch in range(3):
@@ -99,8 +114,6 @@ def _a_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], SharedCl
         session.shipper.cycle()  # the last epoch's end
         session.shipper = type(session.shipper)(session, session.shipper.pipeline)  # fresh, not started
         summary = starvewatch.finish()
-    finally:
-        _ccore.set_clock(None)
     return _rows(transport), clock, summary["loaders"]
 
 
@@ -294,18 +307,11 @@ def _probed_batches():
 
 
 def _a_probed_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], SharedClock, int]:
-    from starvewatch import _ccore
-    clock = SharedClock()
-    core.use(core_name)
-    monkeypatch.setattr(loader, "_now", clock.python)
-    _ccore.set_clock(clock.compiled)
     batches = _probed_batches()
-    try:
+    with _one_clock(core_name, monkeypatch) as clock:
         transport = MemoryTransport()
         session = starvewatch.init("same-clock-probe", transport=transport)
-        session.shipper._stop_requested.set()  # cycles at known points, as above
-        session.shipper._wake.set()
-        session.shipper.join(5)
+        _shipper_cycles_by_hand(session)
         fast_steps = 0
         iterator = iter(starvewatch.watch(batches, name="train"))
         for i, _ in enumerate(iterator):
@@ -316,8 +322,6 @@ def _a_probed_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], S
         del iterator
         session.shipper = type(session.shipper)(session, session.shipper.pipeline)
         summary = starvewatch.finish()
-    finally:
-        _ccore.set_clock(None)
     assert summary["loaders"][0]["steps"] == len(PROBED_SIZES)
     return _rows(transport), clock, fast_steps
 
@@ -340,15 +344,10 @@ def test_both_cores_read_each_batchs_size_on_the_fast_path_and_record_the_same_s
 def _a_cuda_training_with(core_name: str, monkeypatch, items=None) -> tuple[list[tuple], SharedClock, int]:
     """The CUDA-event countdown path (FastGpuWatchedIterator) on one clock: a stand-in GPU
     whose events are recorded on one step in 4 (seeded gaps: the same steps in both runs)."""
-    from starvewatch import _ccore
     from starvewatch.hooks import cuda
     from tests.test_measurement import FakeGpu
-    clock = SharedClock()
-    core.use(core_name)
-    monkeypatch.setattr(loader, "_now", clock.python)
-    _ccore.set_clock(clock.compiled)
     gpu = FakeGpu()
-    try:
+    with _one_clock(core_name, monkeypatch) as clock:
         transport = MemoryTransport()
         session = starvewatch.init("same-clock-cuda", transport=transport)
         session._gpu_timer = cuda.CudaEventTimer(gpu.event, every=4, seed=7)
@@ -362,8 +361,6 @@ def _a_cuda_training_with(core_name: str, monkeypatch, items=None) -> tuple[list
                     pass
         del iterator
         summary = starvewatch.finish()
-    finally:
-        _ccore.set_clock(None)
     assert summary["loaders"][0]["steps"] == (300 if items is None else len(items))
     return _rows(transport), clock, fast_gpu_steps
 
