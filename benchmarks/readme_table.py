@@ -75,14 +75,11 @@ def _soak_met(s: dict) -> bool:
 
 
 def _rss(s: dict) -> str:
-    summary = s.get("collector_rss")
-    if summary:  # soak.py since the arena limit: start, plateau (median of the second half), slope
-        return (f"{summary['start_bytes'] / MIB:.0f} → plateau **{summary['plateau_bytes'] / MIB:.0f} MiB** "
-                f"(max {summary['max_bytes'] / MIB:.0f} MiB; second half "
-                f"{summary['slope_second_half_bytes_per_h'] / MIB:+.0f} MiB/h; {s['records_run'] / 1e6:.1f}M step rows)")
-    mem, t = s["rss"]["collector_bytes"], s["rss"]["t_s"]
-    return (f"{mem[0] / MIB:.0f} → {mem[-1] / MIB:.0f} MiB at {t[-1] / 60:.0f} min "
-            f"(max {max(mem) / MIB:.0f} MiB; {s['records_run'] / 1e6:.0f}M step rows)")
+    """soak.py's `collector_rss`: start, plateau (median of the second half), max, slope."""
+    summary = s["collector_rss"]
+    return (f"{summary['start_bytes'] / MIB:.0f} → plateau **{summary['plateau_bytes'] / MIB:.0f} MiB** "
+            f"(max {summary['max_bytes'] / MIB:.0f} MiB; second half "
+            f"{summary['slope_second_half_bytes_per_h'] / MIB:+.0f} MiB/h; {s['records_run'] / 1e6:.1f}M step rows)")
 
 
 def _delay(d: dict) -> str:

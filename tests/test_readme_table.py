@@ -88,9 +88,6 @@ def test_rows_from_fabricated_results(results: Path) -> None:
     assert rss[0] == "84 → plateau **119 MiB** (max 122 MiB; second half -11 MiB/h; 7.2M step rows)"
     assert rss[1] == "bounded"
     assert rss[2].startswith("`python benchmarks/soak.py --clients 10 ")  # its own command, not the file's name
-    # The first release's soak.py wrote no summary: its RSS from the samples.
-    assert readme_table._rss({"records_run": 1000, "rss": {"t_s": [0.0, 5.0], "collector_bytes": [2**20, 3 * 2**20]}}
-                             ).startswith("1 → 3 MiB")
 
 
 def test_footnote_dates_and_loads(results: Path) -> None:
