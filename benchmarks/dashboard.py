@@ -36,8 +36,8 @@ from benchmarks.ingest import PRODUCER, running_collector  # noqa: E402
 
 
 def seed(db: Path, steps: int) -> str:
-    from starvewatch.monitor.models import EventBatch
-    from starvewatch.monitor.store import Store
+    from starvewatch.monitor.web.wire_models import EventBatch
+    from starvewatch.monitor.storage.store import Store
     store = Store(db)
     run_id, batch, start = "big-run", 20_000, time.time_ns() - steps * 10_000_000
     for seq, first in enumerate(range(0, steps, batch), 1):
@@ -136,8 +136,8 @@ def runs_page_times(url: str, repeats: int = 7) -> dict:
 
 
 def runs_page(args) -> None:
-    from starvewatch.monitor.query import Query
-    from starvewatch.monitor.store import Store
+    from starvewatch.monitor.storage.query import Query
+    from starvewatch.monitor.storage.store import Store
     from tests.many_runs import seed_runs
     record = results_io.started(args, quick=args.quick or args.runs < 1000)
     with tempfile.TemporaryDirectory() as tmp:

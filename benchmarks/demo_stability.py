@@ -28,7 +28,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def one_run(quick: bool) -> dict:
     from starvewatch.demo import run_demo
-    from starvewatch.monitor.diagnosis import verify
+    from starvewatch.analysis.diagnosis import verify
 
     before, after = run_demo(quick=quick, out=io.StringIO())
     main = next((r for r in before["recommendations"] if r["kind"] == "speedup"), None)

@@ -34,8 +34,8 @@ RUN_ID = "export-bench"
 
 
 def build_database(directory: Path, steps: int) -> None:
-    from starvewatch.monitor.models import EventBatch
-    from starvewatch.monitor.store import Store
+    from starvewatch.monitor.web.wire_models import EventBatch
+    from starvewatch.monitor.storage.store import Store
 
     store = Store(directory / "starvewatch.db")
     start_ns = 1_700_000_000 * 10**9
@@ -121,9 +121,9 @@ def streamed_export(directory: Path, steps: int) -> dict:
 WHOLE_FILE = r"""
 import json, sys
 from benchmarks.procfs import status_kib
-from starvewatch.monitor.export import export_text
-from starvewatch.monitor.sources import LocalSource
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.outputs.export import export_text
+from starvewatch.monitor.storage.sources import LocalSource
+from starvewatch.monitor.storage.store import Store
 store = Store(sys.argv[1])
 source = LocalSource(store, "bench")
 source.summary(sys.argv[2])

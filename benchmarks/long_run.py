@@ -133,7 +133,7 @@ def page_time(url: str, timeout_s: float = 180.0) -> float:
 
 def real_path(tmp: Path, args, record: dict) -> None:
     """Ingest with folding through a real collector, then a timed fold in this process."""
-    from starvewatch.monitor.retention import file_bytes
+    from starvewatch.monitor.budget.retention import file_bytes
     directory = tmp / "ingest"
     directory.mkdir()
     collector = Collector(directory, args.fold_budget)
@@ -161,8 +161,8 @@ def real_path(tmp: Path, args, record: dict) -> None:
           f"({day_steps / 1e6:.1f} M steps) takes {day_steps / rate / 60:.0f} min; collector RSS {rss / 2**20:.0f} MiB")
 
     # Folding throughput and bytes per step, on the real Store: ingest raw, then fold it.
-    from starvewatch.monitor.models import EventBatch
-    from starvewatch.monitor.store import Store
+    from starvewatch.monitor.web.wire_models import EventBatch
+    from starvewatch.monitor.storage.store import Store
     db = tmp / "fold.db"
     store = Store(db, max_db_bytes=2**40)
     store.retention.raw_window_steps = 1000
@@ -214,9 +214,9 @@ def real_path(tmp: Path, args, record: dict) -> None:
 
 def steady_state(tmp: Path, args, record: dict) -> None:
     """The database at the end of the job, written directly; then timed through a collector."""
-    from starvewatch.monitor.models import EventBatch
-    from starvewatch.monitor.retention import LOW_WATER, file_bytes, parse_size
-    from starvewatch.monitor.store import Store
+    from starvewatch.monitor.web.wire_models import EventBatch
+    from starvewatch.monitor.budget.retention import LOW_WATER, file_bytes, parse_size
+    from starvewatch.monitor.storage.store import Store
     from starvewatch.stats import RecordStats
     budget = parse_size(args.budget)
     directory = tmp / "steady"

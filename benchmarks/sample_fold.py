@@ -1,5 +1,5 @@
 """Host, GPU and worker samples under the storage budget: bytes per sample raw and folded, and
-how fast the real Store folds them (monitor/sample_rollups.py).
+how fast the real Store folds them (monitor/budget/sample_rollups.py).
 
     python benchmarks/sample_fold.py [--ranks 2] [--hours 6] [--cores 32] [--gpus 8] [--workers 8]
                                      [--quick] [--out PATH]
@@ -91,10 +91,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.ranks, args.hours = 1, 1
-    from starvewatch.monitor import retention
-    from starvewatch.monitor.models import EventBatch
-    from starvewatch.monitor.query import Query
-    from starvewatch.monitor.store import Store
+    from starvewatch.monitor.budget import retention
+    from starvewatch.monitor.web.wire_models import EventBatch
+    from starvewatch.monitor.storage.query import Query
+    from starvewatch.monitor.storage.store import Store
 
     record = results_io.started(args, quick=args.quick)
     minutes = int(args.hours * 60)

@@ -42,7 +42,8 @@ def printable(text: str) -> str:
 
 def cmd_demo(args) -> int:
     from .demo import run_demo
-    from .monitor.compare import comparison, to_markdown
+    from .analysis.compare import comparison
+    from .monitor.outputs.compare_report import to_markdown
     before, after = run_demo(quick=args.quick, name=args.name)
     if after is None:
         print("no recommendation to apply: the starved run's summary is above", file=sys.stderr)
@@ -56,7 +57,7 @@ def _source(args):
     import os
 
     from .defaults import DEFAULT_URL, OFF_VALUES
-    from .monitor.sources import open_source
+    from .monitor.storage.sources import open_source
     url = getattr(args, "url", None) or os.environ.get("STARVEWATCH_URL") or DEFAULT_URL
     if url.strip().lower() in OFF_VALUES:
         url = DEFAULT_URL
@@ -66,7 +67,7 @@ def _source(args):
 
 def _with_source(fn):
     def run(args) -> int:
-        from .monitor.sources import SourceError
+        from .monitor.storage.sources import SourceError
         try:
             source = _source(args)
         except SourceError as exc:
@@ -82,8 +83,8 @@ def _with_source(fn):
 
 @_with_source
 def cmd_export(args, source) -> int:
-    from .monitor.export import export
-    from .monitor.sources import resolve_run
+    from .monitor.outputs.export import export
+    from .monitor.storage.sources import resolve_run
     run_id = resolve_run(source, args.run)
     if args.output and args.output != "-":
         with open(args.output, "w", newline="" if args.format == "csv" else None, encoding="utf-8") as out:
@@ -97,7 +98,7 @@ def cmd_export(args, source) -> int:
 
 @_with_source
 def cmd_runs(args, source) -> int:
-    from .monitor.sources import resolve_run
+    from .monitor.storage.sources import resolve_run
     action = args.action or "list"
     if action == "list":
         runs = source.list_runs(status=args.status, search=args.search)
@@ -125,21 +126,22 @@ def cmd_runs(args, source) -> int:
 
 @_with_source
 def cmd_compare(args, source) -> int:
-    from .monitor import compare
-    from .monitor.sources import resolve_run
+    from .analysis import compare
+    from .monitor.outputs import compare_report
+    from .monitor.storage.sources import resolve_run
     a, b = resolve_run(source, args.before), resolve_run(source, args.after)
     if args.format == "html":
-        from .monitor.compare_figures import figures_for
+        from .monitor.outputs.compare_figures import figures_for
         _, _, comp, distributions, series = compare.gather(
             source.summary, source.distributions, lambda run, loader: source.series(run, loader=loader, points=300),
             a, b)
         charts = figures_for(comp, distributions, series)
         figs = [f for pair in charts["pairs"] for f in (pair["wait"], pair["compute"], pair["throughput"],
                                                         pair["input_wait"])] + [charts["verify"]]
-        text = compare.render_html(comp, figs)
+        text = compare_report.render_html(comp, figs)
     else:
         comp = compare.comparison(source.summary(a), source.summary(b))
-        text = compare.to_json(comp) if args.format == "json" else compare.to_markdown(comp)
+        text = compare_report.to_json(comp) if args.format == "json" else compare_report.to_markdown(comp)
     if args.output and args.output != "-":
         try:
             with open(args.output, "w", encoding="utf-8") as out:
@@ -194,7 +196,7 @@ def _dir(args):
 
 
 def cmd_serve(args) -> int:
-    from .monitor.settings import CollectorSettings
+    from .monitor.web.collector_settings import CollectorSettings
     settings = CollectorSettings(host=args.host, port=args.port, dir=_dir(args), db=args.db,
                                  idle_exit_s=args.idle_exit, body_timeout_s=args.body_timeout,
                                  lost_after_s=args.lost_after, max_db_bytes=args.max_db_size,
@@ -207,9 +209,9 @@ def cmd_serve(args) -> int:
                                  ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
     try:  # an optional exporter asked for but not installed: say so before starting
         if args.otlp_endpoint:
-            import starvewatch.monitor.otel  # noqa: F401
+            import starvewatch.monitor.outputs.otel  # noqa: F401
         if args.tensorboard:
-            import starvewatch.monitor.tensorboard  # noqa: F401
+            import starvewatch.monitor.outputs.tensorboard  # noqa: F401
     except ImportError as exc:
         return fail(str(exc))
     if args.token:
@@ -222,7 +224,7 @@ def cmd_serve(args) -> int:
         if settings.token is None:
             return fail(f"the token file {args.token_file} is empty", EXIT_USAGE)
     generated = None
-    from .monitor.settings import is_loopback
+    from .monitor.web.collector_settings import is_loopback
     if settings.token is None and not is_loopback(settings.host) and not args.autostarted:
         import secrets
         # As Jupyter does: a strong token made here and printed once (nowhere else).
@@ -237,7 +239,7 @@ def cmd_serve(args) -> int:
             pass
     except OSError as exc:
         return fail(f"cannot listen on {settings.url}: {exc.strerror or exc}")
-    from .monitor.server import serve
+    from .monitor.web.server import serve
     if not args.autostarted:
         print(f"starvewatch collector and dashboard on {settings.url} (db {settings.db_path})", flush=True)
     if generated:
@@ -258,7 +260,7 @@ def dashboard_ui(settings):
 
 
 def cmd_stop(args) -> int:
-    from .monitor.server import stop
+    from .monitor.web.server import stop
     ok, message = stop(_dir(args))
     print(message, file=sys.stdout if ok else sys.stderr)
     return EXIT_OK if ok else EXIT_ERROR
@@ -267,9 +269,9 @@ def cmd_stop(args) -> int:
 def cmd_import(args) -> int:
     from pathlib import Path
 
-    from .monitor.settings import CollectorSettings
-    from .monitor.spool_import import SpoolImporter
-    from .monitor.store import Store
+    from .monitor.web.collector_settings import CollectorSettings
+    from .monitor.storage.spool_import import SpoolImporter
+    from .monitor.storage.store import Store
     source = Path(args.source)
     if not source.is_dir():
         return fail(f"{source} is not a directory")
@@ -309,7 +311,7 @@ _positive_int = _positive(int, "a whole number")
 
 
 def _db_size(text: str) -> int:
-    from .monitor.retention import parse_size
+    from .monitor.budget.retention import parse_size
     try:
         return parse_size(text)
     except ValueError as exc:

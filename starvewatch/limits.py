@@ -1,8 +1,8 @@
 """The collector's limits on one event batch: a contract between the training process, which
 keeps every batch it sends or spools within them (hooks/delivery/transport.py, splitting a
 batch by record range, starvewatch/batch_parts.py), and the collector, which refuses more
-(monitor/models.py, monitor/app.py) and splits an older spool file that holds more
-(monitor/spool_import.py). A leaf module: both sides import it, it imports nothing.
+(monitor/web/wire_models.py, monitor/web/app.py) and splits an older spool file that holds more
+(monitor/storage/spool_import.py). A leaf module: both sides import it, it imports nothing.
 
 `STARVEWATCH_MAX_BATCH_RECORDS` lowers (never raises) the per-list step limit, and the other
 lists' limits with it, on both sides: tests and benchmarks use it to outrun delivery in

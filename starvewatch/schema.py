@@ -6,7 +6,7 @@ from __future__ import annotations
 
 SUMMARY_SCHEMA = "starvewatch.summary/1"
 EVENTS_SCHEMA = "starvewatch.events/1"
-# Two runs compared (monitor/compare.py, `starvewatch compare --format json`): before, after,
+# Two runs compared (analysis/compare.py, `starvewatch compare --format json`): before, after,
 # pairs, unpaired, metrics, config, verification.
 COMPARE_SCHEMA = "starvewatch.compare/1"
 

@@ -1,5 +1,5 @@
 """The spool's file format, a contract between the training process, which writes it
-(hooks/delivery/transport.py), and the collector, which imports it (monitor/spool_import.py).
+(hooks/delivery/transport.py), and the collector, which imports it (monitor/storage/spool_import.py).
 
     <dir>/spool/<run_id>/<stream>/<seq, 12 digits>.json.gz
     <dir>/spool/<run_id>/<stream>/<seq, 12 digits>-<first record, 12 digits>.json.gz

@@ -16,7 +16,7 @@ def plan(i: int, groups: int) -> dict:
 
 def seed_runs(store, n: int = 1000, groups: int = 20) -> list[dict]:
     """Store n runs; returns their plans (oldest first)."""
-    from starvewatch.monitor.models import EventBatch
+    from starvewatch.monitor.web.wire_models import EventBatch
     plans = [plan(i, groups) for i in range(n)]
     for p in plans:
         k, start_ns = p["steps"], int(p["started_s"] * 1e9)

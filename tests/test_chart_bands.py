@@ -1,6 +1,6 @@
 """The per-step chart draws a min-max band per bucket (Query.step_series, figures.step_timeline),
 so one slow or one fast step stays visible at any length of run and after its raw rows are
-folded into rollups (storage budget, monitor/retention.py, rollup_bands.py): the same band
+folded into rollups (storage budget, monitor/budget/retention.py, rollup_bands.py): the same band
 before and after the fold, never a sample."""
 import shutil
 import sqlite3
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from starvewatch.monitor import figures, retention
-from starvewatch.monitor.query import Query
+from starvewatch.monitor.outputs import figures
+from starvewatch.monitor.budget import retention
+from starvewatch.monitor.storage.query import Query
 from tests.test_collector_api import SECOND, batch, post
 from tests.test_storage_budget import app_client
 

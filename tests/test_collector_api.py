@@ -5,8 +5,8 @@ import orjson
 import pytest
 from fastapi.testclient import TestClient
 
-from starvewatch.monitor.app import create_app
-from starvewatch.monitor.settings import CollectorSettings
+from starvewatch.monitor.web.app import create_app
+from starvewatch.monitor.web.collector_settings import CollectorSettings
 from tests.conftest import wait_until
 
 SECOND = 1_000_000_000

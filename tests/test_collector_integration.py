@@ -232,8 +232,8 @@ def test_import_command_takes_a_spool_from_elsewhere(tmp_path, monkeypatch):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "imported" in out.stdout
-    from starvewatch.monitor.query import Query
-    from starvewatch.monitor.store import Store
+    from starvewatch.monitor.storage.query import Query
+    from starvewatch.monitor.storage.store import Store
     store = Store(target / "starvewatch.db")
     assert Query(store).summary(run_id)["loaders"][0]["steps"] == 25
     store.close()

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from starvewatch.monitor.models import EventBatch
-from starvewatch.monitor.query import NotFound, Query
-from starvewatch.monitor.settings import CollectorSettings
-from starvewatch.monitor.store import READER_CACHE_KIB, SQLITE_SOFT_HEAP_BYTES, Store
+from starvewatch.monitor.web.wire_models import EventBatch
+from starvewatch.monitor.storage.query import NotFound, Query
+from starvewatch.monitor.web.collector_settings import CollectorSettings
+from starvewatch.monitor.storage.store import READER_CACHE_KIB, SQLITE_SOFT_HEAP_BYTES, Store
 
 from .test_collector_api import batch
 
@@ -33,7 +33,7 @@ def test_the_tensorboard_writer_lets_go_of_runs_it_no_longer_exports(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
 
-    from starvewatch.monitor.tensorboard import TensorBoardWriter
+    from starvewatch.monitor.outputs.tensorboard import TensorBoardWriter
 
     store = Store(tmp_path / "starvewatch.db")
     query = Query(store, lost_after_s=3600)
@@ -101,8 +101,8 @@ def test_the_statistics_cache_keeps_to_its_size_over_many_producers(tmp_path):
 READERS = r"""
 import ctypes, ctypes.util, json, sys, tempfile, threading
 from pathlib import Path
-from starvewatch.monitor.models import EventBatch
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.web.wire_models import EventBatch
+from starvewatch.monitor.storage.store import Store
 from tests.test_collector_api import batch
 
 import _sqlite3

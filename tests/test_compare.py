@@ -1,4 +1,4 @@
-"""Comparing two runs (monitor/compare.py, compare_figures.py, the dashboard's compare page) on
+"""Comparing two runs (analysis/compare.py, compare_figures.py, the dashboard's compare page) on
 a real store: loader pairing, readable changes, the configuration diff, the verdict and its
 interval, and the charts."""
 import html
@@ -8,11 +8,12 @@ import re
 import pytest
 
 from starvewatch.dashboard import callbacks
-from starvewatch.monitor import compare, compare_figures
-from starvewatch.monitor.markdown_text import md_text
-from starvewatch.monitor.models import EventBatch
-from starvewatch.monitor.query import Query
-from starvewatch.monitor.store import Store
+from starvewatch.analysis import compare
+from starvewatch.monitor.outputs import compare_figures, compare_report
+from starvewatch.monitor.outputs.markdown_text import md_text
+from starvewatch.monitor.web.wire_models import EventBatch
+from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.storage.store import Store
 
 SECOND = 1_000_000_000
 HOSTILE = "img<b>|x</b>`"
@@ -85,12 +86,12 @@ def test_renamed_only_loader_is_compared_and_its_recommendation_verified(two_run
     assert low <= result["measured_speedup"] <= high
     text = compare.interval_text(result)
     assert text.startswith(f"measured {result['measured_speedup']:.2f}x [") and "predicted" in text
-    json.loads(compare.to_json(comp))  # plain JSON
+    json.loads(compare_report.to_json(comp))  # plain JSON
 
 
 def test_markdown_keeps_hostile_names_inside_their_cells(two_runs):
     query, _ = two_runs
-    md = compare.to_markdown(compare.comparison(query.summary("before"), query.summary("after")))
+    md = compare_report.to_markdown(compare.comparison(query.summary("before"), query.summary("after")))
     metrics = md[md.index("## Metrics"):md.index("## Configuration")]
     rows = [line for line in metrics.splitlines() if line.startswith("| first → ")]
     assert len(rows) == 6 and all(r.count("|") - r.count("\\|") == 6 for r in rows), rows  # 5 cells each
@@ -103,7 +104,7 @@ def test_html_is_self_contained_and_escapes_names(two_runs):
         query.summary, query.distributions, lambda r, l: query.rollup_series(r, loader=l, points=300), "before", "after")
     charts = compare_figures.figures_for(comp, dists, series)
     figs = [charts["pairs"][0][k] for k in ("wait", "compute", "throughput", "input_wait")] + [charts["verify"]]
-    page = compare.render_html(comp, figs)
+    page = compare_report.render_html(comp, figs)
     assert HOSTILE not in page and html.escape(HOSTILE) in page
     assert "<script src=" not in page and page.count("chart-") >= 5
     assert "<tr class='changed'><td>first → " in page
@@ -157,8 +158,8 @@ RAW_JSON = re.compile(r"""[{\[]\s*(&quot;|&#x27;|["'])|(&quot;|["'])\s*:\s""")
 
 
 def test_run_report_reads_evidence_and_configuration_as_the_dashboard_does(two_runs):
-    from starvewatch.monitor.export import export_text, to_markdown
-    from starvewatch.monitor.sources import LocalSource
+    from starvewatch.monitor.outputs.export import export_text, to_markdown
+    from starvewatch.monitor.storage.sources import LocalSource
     query, rec = two_runs
     source = LocalSource(query.store, "test store")
     page = export_text(source, "before", "html")

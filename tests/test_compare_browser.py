@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from starvewatch.monitor.query import Query
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.storage.store import Store
 from tests.browser import page_with_errors
 from tests.test_compare import HOSTILE, _batch
 

@@ -13,12 +13,12 @@ from torch.utils.data import DataLoader
 
 import starvewatch
 from benchmarks.scenarios.cases import Photos, spin
-from starvewatch.dashboard.answer import answer
+from starvewatch.dashboard.answer_card import answer
 from starvewatch.hooks.report import recommendation_line
-from starvewatch.monitor.diagnosis import DEFAULT
-from starvewatch.monitor.export import to_markdown
-from starvewatch.monitor.model import LoaderFacts, shared_cores_step, speedup, speedup_range
-from starvewatch.monitor.analysis import loader_summary
+from starvewatch.analysis.diagnosis import DEFAULT
+from starvewatch.monitor.outputs.export import to_markdown
+from starvewatch.analysis.throughput_model import LoaderFacts, shared_cores_step, speedup, speedup_range
+from starvewatch.analysis.summary import loader_summary
 from tests.test_dashboard_views import _text
 from tests.test_diagnosis import loader, run, system
 
@@ -169,7 +169,7 @@ def test_the_runs_mean_process_cpu_stands_in_for_a_short_loop():
 
 # ---- a real Pillow pipeline (the harness's, on smaller images) --------------------------------
 def test_a_real_pillow_pipeline_is_cpu_bound_and_its_prediction_shares_the_cores(tmp_path, monkeypatch):
-    from starvewatch.monitor import diagnosis
+    from starvewatch.analysis import diagnosis
     monkeypatch.setenv("STARVEWATCH_HOST_INTERVAL_S", "0.1")
     seen = {}
     original = diagnosis.diagnose

@@ -1,6 +1,6 @@
 """One CSV export, whichever way it is asked for: `starvewatch export -f csv` against a running
 collector, the collector's API and the offline export (--db) write the same bytes, rolled-up
-spans (storage budget, monitor/retention.py) as their marked buckets."""
+spans (storage budget, monitor/budget/retention.py) as their marked buckets."""
 import csv
 import io
 import os
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from starvewatch.monitor import retention
+from starvewatch.monitor.budget import retention
 from tests.test_collector_api import batch, post
 from tests.test_storage_budget import app_client
 
@@ -73,7 +73,7 @@ def test_cli_export_against_a_running_collector_equals_the_api_csv_with_marked_b
 
 def test_an_unknown_run_is_a_clear_error_not_a_traceback(collector, isolated_starvewatch):
     """A run deleted between resolving its id and streaming its CSV."""
-    from starvewatch.monitor.sources import RemoteSource, SourceError
+    from starvewatch.monitor.storage.sources import RemoteSource, SourceError
     c = collector()
     source = RemoteSource(c.url)
     try:
@@ -86,7 +86,7 @@ def test_an_unknown_run_is_a_clear_error_not_a_traceback(collector, isolated_sta
 def test_chunks_split_anywhere_are_written_whole_and_rows_counted_by_a_csv_reader():
     """The collector's chunks arrive as the network cuts them: inside a character, inside a
     quoted cell that holds a line break."""
-    from starvewatch.monitor.export import write_csv_chunks
+    from starvewatch.monitor.outputs.export import write_csv_chunks
     text = 'run,loader\r\nr,"a\r\nb"\r\nr,tràin\r\nr,"x,""y"""\r\n'
     data = text.encode()
     for cut in range(1, len(data)):

@@ -1,11 +1,12 @@
 """Dashboard view builders and callback logic as plain functions, on a real store."""
 import orjson
 
-from starvewatch.dashboard import answer, callbacks, layout, quantities, views
-from starvewatch.monitor import figures
-from starvewatch.monitor.models import EventBatch
-from starvewatch.monitor.query import Query
-from starvewatch.monitor.store import Store
+from starvewatch.dashboard import answer_card, callbacks, layout, views
+from starvewatch import quantities
+from starvewatch.monitor.outputs import figures
+from starvewatch.monitor.web.wire_models import EventBatch
+from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.storage.store import Store
 from tests.test_collector_api import batch
 
 
@@ -53,7 +54,7 @@ def test_run_view_has_kpis_figures_and_recommendations(tmp_path):
 
 
 def test_an_unchanged_run_is_not_redrawn_and_new_steps_are(tmp_path, monkeypatch):
-    monkeypatch.setattr("starvewatch.monitor.query.MAX_STALENESS_S", 0.0)  # new steps show at once
+    monkeypatch.setattr("starvewatch.monitor.storage.query.MAX_STALENESS_S", 0.0)  # new steps show at once
     store, query = _query(tmp_path, n=300, wait_ns=30_000_000, compute_ns=10_000_000)
     first = callbacks.refresh_run_outputs(query, "run-a", None, None)
     assert len(first) == len(callbacks.OUTPUTS) + 1 and isinstance(first[-1], str)
@@ -101,7 +102,7 @@ def test_compare_view_shows_verification():
                                    "expected_speedup": 2.0}], "run": {"id": "a"}}
     after = {"loaders": [{"name": "train", "input_wait_fraction": 0.05, "batches_per_s": 21.0,
                           "wait_ms": {"p95": 2.0}, "config": {"num_workers": 4}}], "run": {"id": "b"}}
-    from starvewatch.monitor.compare import comparison
+    from starvewatch.analysis.compare import comparison
     text = _text(views.compare_view(comparison(before, after)))
     assert "measured 2.10x" in text and "predicted 2.00x" in text and "confirmed" in text
     assert "-93.3% (0.0667x)" in text  # wait p95 30 ms -> 2 ms: a readable change, not "0.07x"
@@ -161,39 +162,39 @@ def test_evidence_reads_as_named_quantities_with_units():
 
 def test_answer_first_verdict_change_line_and_evidence():
     summary = _summary([SPEEDUP, PROTECTIVE])
-    card = answer.answer(summary)
+    card = answer_card.answer(summary)
     text = _text(card)
     assert text.startswith("Input-bound: training waits for data 67% of the time (data loading is CPU-bound)")
     assert "num_workers: 0 → 3" in text and "expected 2.35x faster" in text
     # The line to copy carries every change for the loader; the risk is explained in its own place.
     assert "DataLoader(dataset, num_workers=3, batch_size=16, pin_memory=True)" in text
     assert "pinned copies fail" not in text
-    protective = _text(answer.protective_card(summary))
+    protective = _text(answer_card.protective_card(summary))
     assert "pinned copies fail" in protective and "3.0 GiB" in protective
-    assert answer.protective_card(_summary([SPEEDUP])) is None
-    assert "not waiting for data" in _text(answer.answer({**_summary(), "verdict": {
+    assert answer_card.protective_card(_summary([SPEEDUP])) is None
+    assert "not waiting for data" in _text(answer_card.answer({**_summary(), "verdict": {
         "input_bound": "not", "input_wait_fraction": 0.01}}))
     moderate = {"input_bound": "moderate", "input_wait_fraction": 0.15}
-    assert "See the protective" not in _text(answer.answer({**_summary(), "verdict": moderate}))
-    assert "See the protective" in _text(answer.answer({**_summary([PROTECTIVE]), "verdict": moderate}))
+    assert "See the protective" not in _text(answer_card.answer({**_summary(), "verdict": moderate}))
+    assert "See the protective" in _text(answer_card.answer({**_summary([PROTECTIVE]), "verdict": moderate}))
 
 
 def test_each_loader_with_changes_gets_its_own_line_to_copy():
     summary = _summary([SPEEDUP, {**SPEEDUP, "loader": "val", "suggested": 2, "expected_speedup": 1.5}])
     summary["loaders"].append({"name": "val", "config": {"num_workers": 0, "batch_size": 64}})
-    text = _text(answer.answer(summary))
+    text = _text(answer_card.answer(summary))
     assert "DataLoader(dataset, num_workers=3, batch_size=16)" in text
     assert "val loader: DataLoader(dataset, num_workers=2, batch_size=64)" in " ".join(text.split())
 
 
 def test_recommendations_without_kind_are_speedups():
     old = {k: v for k, v in SPEEDUP.items()}
-    assert answer.speedups(_summary([old])) == [old] and answer.protective(_summary([old])) == []
+    assert answer_card.speedups(_summary([old])) == [old] and answer_card.protective(_summary([old])) == []
 
 
 def test_config_table_highlights_what_the_recommendations_change():
     summary = _summary([SPEEDUP, {**PROTECTIVE, "parameter": "prefetch_factor", "current": None, "suggested": 4}])
-    rows = answer.config_table(summary).children[1].children[1].children
+    rows = answer_card.config_table(summary).children[1].children[1].children
     changed = {_text(r.children[0]): " ".join(_text(r.children[1:]).split()) for r in rows
                if r.className == "sw-changed"}
     assert set(changed) == {"num_workers", "prefetch_factor"}
@@ -202,14 +203,14 @@ def test_config_table_highlights_what_the_recommendations_change():
 
 
 def test_findings_render_the_contract_fields_and_nothing_when_absent():
-    assert answer.findings_card(_summary()) is None
+    assert answer_card.findings_card(_summary()) is None
     stall = {"loader": "train", "wait_s": 31.5, "step": 7, "ended_ns": None, "worker": 2, "worker_pid": 4242,
              "worker_state": "disk-sleep", "phase": "next", "indices": [14, 15],
              "stack": 'Thread 0x1 (most recent call first):\n  File "data.py", line 9 in __getitem__'}
     finding = {"kind": "worker_memory_growth", "loader": "train", "severity": "critical",
                "title": "Worker memory grows 80 MiB per epoch.", "detail": {"growth_bytes_per_epoch": 80 * 2**20},
                "fix": "store the list as a numpy array"}
-    text = _text(answer.findings_card(_summary(stalls=[stall], findings=[finding])))
+    text = _text(answer_card.findings_card(_summary(stalls=[stall], findings=[finding])))
     assert "waiting 31.5 s for batch 7 (worker 2, pid 4242, state disk-sleep, fetching the next batch)" in text
     assert "dataset indices of that batch: 14, 15" in text and 'File "data.py", line 9' in text
     assert "Worker memory grows 80 MiB per epoch." in text and "numpy array" in text

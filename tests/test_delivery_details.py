@@ -235,8 +235,8 @@ def test_quiet_silences_the_console_lines_and_keeps_the_users_handlers(quiet, tm
 
 
 def test_the_tensorboard_writer_says_why_it_cannot_write(tmp_path, caplog):
-    from starvewatch.monitor.settings import CollectorSettings
-    from starvewatch.monitor.tensorboard import TensorBoardWriter
+    from starvewatch.monitor.web.collector_settings import CollectorSettings
+    from starvewatch.monitor.outputs.tensorboard import TensorBoardWriter
 
     def broken_query():
         raise OSError(errno.ENOSPC, "No space left on device")

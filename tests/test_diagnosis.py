@@ -5,11 +5,11 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
-from starvewatch.monitor.analysis import LoaderData, summarize
-from starvewatch.monitor.diagnosis import DEFAULT, applied_config, joint_changes_note, verify
-from starvewatch.monitor.export import snippet
-from starvewatch.monitor.model import ranks_per_host
-from starvewatch.monitor.rules import RULES
+from starvewatch.analysis.summary import LoaderData, summarize
+from starvewatch.analysis.diagnosis import DEFAULT, applied_config, joint_changes_note, verify
+from starvewatch.monitor.outputs.export import snippet
+from starvewatch.analysis.throughput_model import ranks_per_host
+from starvewatch.analysis.rules import RULES
 from starvewatch.stats import LoaderTotals, RecordStats
 
 MS = 1_000_000
@@ -460,7 +460,7 @@ def test_a_saturated_cpu_caps_more_workers_at_the_cores_even_for_waiting_loads()
 def test_host_rates_weigh_by_the_interval_each_sample_covers():
     """The last host sample is taken at stop and may cover a fraction of a second of
     teardown: it must not count as much as a whole interval of training."""
-    from starvewatch.monitor.system import overview
+    from starvewatch.analysis.system import overview
     samples = [("samples", {"kind": "host", "iowait_pct": 40.0, "cpu_pct": 20.0, "interval_s": 1.0}),
                ("samples", {"kind": "host", "iowait_pct": 40.0, "cpu_pct": 20.0, "interval_s": 1.0}),
                ("samples", {"kind": "host", "iowait_pct": 0.0, "cpu_pct": 90.0, "interval_s": 0.2})]

@@ -1,5 +1,5 @@
 """torchrun with two ranks (gloo, CPU), an all-reduce every step: one run, per-rank series and
-verdicts, and the straggler rule naming the slow rank (monitor/stragglers.py)."""
+verdicts, and the straggler rule naming the slow rank (analysis/stragglers.py)."""
 import os
 import subprocess
 import sys
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from starvewatch.monitor.stragglers import find_stragglers, judge_window, WindowSums, windows_from_rows
+from starvewatch.analysis.stragglers import find_stragglers, judge_window, WindowSums, windows_from_rows
 
 from starvewatch.dashboard import callbacks
-from starvewatch.monitor.query import Query
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.storage.store import Store
 
 from .conftest import free_port, wait_until
 from .test_dashboard_views import _text
@@ -181,7 +181,7 @@ def test_a_long_run_is_judged_on_each_ranks_recent_steps(tmp_path):
     records are read, so windows still align, and the work stays bounded."""
     import orjson
 
-    from starvewatch.monitor.models import EventBatch
+    from starvewatch.monitor.web.wire_models import EventBatch
 
     from .test_collector_api import batch
     store = Store(tmp_path / "db.sqlite")

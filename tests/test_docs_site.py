@@ -63,8 +63,8 @@ def test_every_page_of_the_nav_is_built_and_uses_no_web_font(site):
 
 
 def test_the_api_page_is_the_openapi_document_of_this_code(site):
-    from starvewatch.monitor.app import create_app
-    from starvewatch.monitor.settings import CollectorSettings
+    from starvewatch.monitor.web.app import create_app
+    from starvewatch.monitor.web.collector_settings import CollectorSettings
     document = create_app(CollectorSettings(dir=REPO / "does-not-matter")).openapi()
     text = _text(site / "reference/api/index.html")
     operations = [(method.upper(), path) for path, ops in document["paths"].items() for method in ops]
@@ -82,7 +82,7 @@ def test_the_api_page_is_the_openapi_document_of_this_code(site):
 
 def test_the_schema_page_is_the_schema_module_and_the_wire_models(site):
     from starvewatch import schema
-    from starvewatch.monitor.models import EventBatch
+    from starvewatch.monitor.web.wire_models import EventBatch
     text = _text(site / "reference/schemas/index.html")
     assert schema.SUMMARY_SCHEMA in text and schema.EVENTS_SCHEMA in text
     html = (site / "reference/schemas/index.html").read_text()

@@ -128,8 +128,8 @@ def test_parts_split_differently_are_stored_once(tmp_path):
     whole batch, then parts cut at 70 and overlapping the first ones, store each record once."""
     from starvewatch.batch_parts import split
     from starvewatch.limits import MAX_LIST_RECORDS
-    from starvewatch.monitor.models import EventBatch
-    from starvewatch.monitor.store import Store
+    from starvewatch.monitor.web.wire_models import EventBatch
+    from starvewatch.monitor.storage.store import Store
     store = Store(tmp_path / "db.sqlite")
     whole = _batch("s1", 7, list(range(1000)), samples=30)
     limits = dict(MAX_LIST_RECORDS, samples=20)
@@ -154,7 +154,7 @@ def test_parts_split_differently_are_stored_once(tmp_path):
 def test_a_part_that_does_not_match_its_records_is_refused():
     from pydantic import ValidationError
 
-    from starvewatch.monitor.models import EventBatch
+    from starvewatch.monitor.web.wire_models import EventBatch
     with pytest.raises(ValidationError, match="does not match"):
         EventBatch.model_validate(_batch("s1", 1, [1, 2, 3], part=[0, 5]))
 
@@ -162,9 +162,9 @@ def test_a_part_that_does_not_match_its_records_is_refused():
 def test_a_database_of_schema_1_opens_and_keeps_its_replays_out(tmp_path):
     import sqlite3
 
-    from starvewatch.monitor.models import EventBatch
-    from starvewatch.monitor.store import Store
-    from starvewatch.monitor.store_schema import SCHEMA_VERSION
+    from starvewatch.monitor.web.wire_models import EventBatch
+    from starvewatch.monitor.storage.store import Store
+    from starvewatch.monitor.storage.store_schema import SCHEMA_VERSION
     path = tmp_path / "old.db"
     old = sqlite3.connect(path)
     old.executescript("""

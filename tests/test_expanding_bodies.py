@@ -8,8 +8,8 @@ import time
 import pytest
 
 from benchmarks.procfs import peak_rss_bytes
-from starvewatch.monitor.json_bounds import (FREE_FORM_MAX_DEPTH, FREE_FORM_MAX_ITEMS, MAX_JSON_VALUES,
-                                              free_form_problem, json_values_problem)
+from starvewatch.monitor.web.json_bounds import (FREE_FORM_MAX_DEPTH, FREE_FORM_MAX_ITEMS,
+    MAX_JSON_VALUES, free_form_problem, json_values_problem)
 from tests.test_security import JSON, call
 
 GZIP = {**JSON, "Content-Encoding": "gzip"}

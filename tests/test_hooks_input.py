@@ -7,8 +7,8 @@ import pytest
 
 import starvewatch
 from starvewatch.ids import id_problem
-from starvewatch.monitor.spool_import import SpoolImporter
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.storage.spool_import import SpoolImporter
+from starvewatch.monitor.storage.store import Store
 
 
 def test_a_hostile_run_id_from_the_environment_stays_inside_the_spool(isolated_starvewatch, monkeypatch, caplog):

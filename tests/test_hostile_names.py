@@ -13,7 +13,7 @@ from markdown_it import MarkdownIt
 
 import starvewatch
 from starvewatch.ids import clean_name, safe_name
-from starvewatch.monitor.export import csv_cell
+from starvewatch.monitor.outputs.export import csv_cell
 from tests.test_security import JSON, call
 
 EVIL = "https://evil.example"
@@ -118,8 +118,8 @@ def test_exports_keep_hostile_names_as_text(collector):
 
 
 def test_the_cli_prints_names_safely(isolated_starvewatch):
-    from starvewatch.monitor.store import Store
-    from starvewatch.monitor.models import EventBatch
+    from starvewatch.monitor.storage.store import Store
+    from starvewatch.monitor.web.wire_models import EventBatch
     db = isolated_starvewatch / "cli.db"
     store = Store(db)
     store.ingest(EventBatch.model_validate_json(hostile_batch("cli-run")))

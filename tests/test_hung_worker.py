@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 import starvewatch
 from starvewatch.hooks.report import format_report
 from starvewatch.hooks.session import current_session
-from starvewatch.monitor.export import render_html, to_markdown
+from starvewatch.monitor.outputs.export import render_html, to_markdown
 from starvewatch.hooks.stacks import register, request
 from tests.conftest import wait_until
 

@@ -142,7 +142,7 @@ def test_datasets_with_one_shard_and_a_pure_torch_uneven_split_are_found():
 def test_idle_workers_are_judged_only_while_the_loop_waits():
     """The same idle worker with a loop that never waits (a 20 ms step against 2 ms loads) is
     not a finding: nothing to gain."""
-    from starvewatch.monitor.idle_workers import idle_worker_findings
+    from starvewatch.analysis.findings.idle_workers import idle_worker_findings
     events = [{"loader": "train", "rank": 0, "workers": [{"id": 0, "batches": 16}, {"id": 1, "batches": 0}]}]
     config = {"train": {"num_workers": 2, "dataset_shards": 1}}
     assert idle_worker_findings(events, config, {"train": 0.01}) == []
@@ -175,7 +175,7 @@ def test_idle_workers_are_judged_only_while_the_loop_waits():
 
 
 def test_a_loader_idle_for_lack_of_shards_gets_no_proposal_that_adds_workers():
-    from starvewatch.monitor.diagnosis import _without_idle_workers
+    from starvewatch.analysis.diagnosis import _without_idle_workers
     more = {"loader": "train", "parameter": "num_workers", "current": 2, "suggested": 10, "kind": "speedup"}
     fewer = {**more, "suggested": 1, "kind": "protective"}
     pin = {"loader": "train", "parameter": "pin_memory", "current": False, "suggested": True, "kind": "speedup"}
@@ -196,7 +196,7 @@ def _one_of_four_serving(cpu_fraction: float, shards, load_ms: float = 40, **sys
     data.config["dataset_shards"] = shards
     events = [{"loader": "train", "rank": 0,
                "workers": [{"id": 0, "batches": 200}] + [{"id": i, "batches": 0} for i in (1, 2, 3)]}]
-    from starvewatch.monitor.analysis import summarize
+    from starvewatch.analysis.summary import summarize
     return summarize({"id": "r", "name": "n"}, [data], worker_events=events,
                      system=system(cpu_fraction=cpu_fraction, load_ms=load_ms, **system_extra))
 
@@ -279,8 +279,8 @@ def test_a_rank_whose_loader_yields_nothing_or_a_tenth_is_named_from_real_proces
     import subprocess
     import sys
     from starvewatch.dashboard import callbacks
-    from starvewatch.monitor.query import Query
-    from starvewatch.monitor.store import Store
+    from starvewatch.monitor.storage.query import Query
+    from starvewatch.monitor.storage.store import Store
     from .test_dashboard_views import _text
     server = collector()
     procs = {}
@@ -332,7 +332,7 @@ def test_a_rank_whose_loader_yields_nothing_or_a_tenth_is_named_from_real_proces
 
 def test_the_finding_and_its_resharding_gain_reach_the_console_line_and_the_markdown_export():
     from starvewatch.hooks.report import format_report
-    from starvewatch.monitor.export import to_markdown
+    from starvewatch.monitor.outputs.export import to_markdown
     s = _one_of_four_serving(0.1, shards=1)
     [idle] = s["findings"]
     gain = idle["detail"]["expected_speedup_resharded"]
@@ -348,7 +348,7 @@ def test_the_finding_and_its_resharding_gain_reach_the_console_line_and_the_mark
 def test_the_load_time_is_the_serving_workers_not_a_mean_over_a_worker_that_served_one_batch():
     """Worker 0 served 190 batches at 40 ms; worker 1 served 10 at 200 ms (its shard's opening)
     and then nothing: the load is 48 ms a batch (weighed by batches), not (40 + 200) / 2."""
-    from starvewatch.monitor.analysis import summarize
+    from starvewatch.analysis.summary import summarize
     from tests.test_diagnosis import loader
     data = loader(steps=200, epochs=4, wait_ms=38, compute_ms=10, workers=4, first_wait_ms=300)
     data.config["dataset_shards"] = 1
@@ -368,8 +368,8 @@ def test_a_rank_short_of_data_does_not_set_the_worker_count_of_every_rank():
     """Rank 1's workers served 3 and 0 batches against rank 0's 12 and 12: the finding names
     rank 1 (its worker 0 at 3 is not idle by rank 0's share); the loader's model, over both
     ranks' steps, keeps its 2 workers."""
-    from starvewatch.monitor.diagnosis import _active_workers
-    from starvewatch.monitor.idle_workers import idle_worker_findings
+    from starvewatch.analysis.diagnosis import _active_workers
+    from starvewatch.analysis.findings.idle_workers import idle_worker_findings
     events = [{"loader": "train", "rank": 0, "workers": [{"id": 0, "batches": 12}, {"id": 1, "batches": 12}]},
               {"loader": "train", "rank": 1, "workers": [{"id": 0, "batches": 3}, {"id": 1, "batches": 0}]}]
     [found] = idle_worker_findings(events, {"train": {"num_workers": 2}}, {"train": 0.0}, world_size=2)

@@ -1,7 +1,9 @@
-"""The package's import graph, read from the source: no circles, the collector side
-(monitor/, dashboard/) never imports the training-process side (hooks/), the collector never
-imports the dashboard (`serve` composes the two), and delivery reads the step records by the
-shared contract (starvewatch/record_layout.py), never by the hooks' internals.
+"""The package's import graph, read from the source: no circles, the arrows between the rooms
+are exactly the allowed ones (hooks -> analysis, never monitor; analysis -> shared leaves only,
+with no web framework and no SQL; monitor and dashboard -> analysis; into hooks only the entry
+points, integrations/ and tuning/), the collector never imports the dashboard (`serve` composes
+the two), and delivery reads the step records by the shared contract
+(starvewatch/record_layout.py), never by the hooks' internals.
 
 Every import counts, also one inside a function: a deferred import is still an edge. Edges
 follow what Python executes: `from pkg import name` is an edge to the submodule `pkg.name`
@@ -114,6 +116,73 @@ def _in(module: str, room: str) -> bool:
 
 
 # ---- the rules -----------------------------------------------------------------------------
+
+# The rooms (docs/design.md, "Rooms and imports") and the arrows allowed between them; any other
+# arrow fails. "leaf": the shared top-level modules (schema, stats, quantities, ...), which import
+# only each other. "entry": the public API and the command line, which compose the rooms.
+ROOMS = ("hooks", "analysis", "monitor", "dashboard", "tuning", "integrations")
+ENTRY_POINTS = {PACKAGE, f"{PACKAGE}.cli", f"{PACKAGE}.doctor", f"{PACKAGE}.demo", f"{PACKAGE}.__main__"}
+ALLOWED = {
+    "hooks": {"hooks", "analysis", "leaf"},
+    "analysis": {"analysis", "leaf"},
+    "monitor": {"monitor", "analysis", "leaf"},
+    "dashboard": {"dashboard", "monitor", "analysis", "leaf"},
+    "tuning": {"tuning", "hooks", "leaf"},
+    "integrations": {"integrations", "hooks", "entry", "leaf"},
+    "leaf": {"leaf"},
+    "entry": {"entry", *ROOMS, "leaf"},
+}
+# third-party packages the pure analysis must never import (it runs inside the training process)
+NOT_IN_ANALYSIS = {"fastapi", "starlette", "dash", "sqlite3", "uvicorn", "plotly"}
+
+
+def room_of(module: str) -> str:
+    if module in ENTRY_POINTS:
+        return "entry"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ROOMS else "leaf"
+
+
+def test_every_arrow_between_rooms_is_an_allowed_one():
+    graph = import_graph()
+    wrong = sorted(f"{source} -> {target}" for source, targets in graph.items() for target in targets
+                   if room_of(target) not in ALLOWED[room_of(source)])
+    assert wrong == []
+    # and the rooms exist as the rules name them (a rename would make every rule vacuous)
+    assert {room_of(m) for m in graph} == {*ROOMS, "leaf", "entry"}
+
+
+def test_the_training_process_imports_the_analysis_never_the_collector():
+    graph = import_graph()
+    hooks_out = {t for m, ts in graph.items() if _in(m, "starvewatch.hooks") for t in ts}
+    assert any(_in(t, "starvewatch.analysis") for t in hooks_out)  # finish() summarises in-process
+    assert not any(_in(t, "starvewatch.monitor") or _in(t, "starvewatch.dashboard") for t in hooks_out)
+
+
+def third_party_imports(source: str) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_analysis_holds_no_web_framework_and_no_sql():
+    analysis = {m: p for m, p in module_files().items() if _in(m, "starvewatch.analysis")}
+    assert "starvewatch.analysis.summary" in analysis and "starvewatch.analysis.diagnosis" in analysis
+    found = sorted(f"{m}: {name}" for m, path in analysis.items()
+                   for name in third_party_imports(path.read_text()) & NOT_IN_ANALYSIS)
+    assert found == []
+    # the check itself sees a deferred import
+    assert third_party_imports("def f():\n    import sqlite3\n    from dash import html\n") == {"sqlite3", "dash"}
+
+
+def test_no_two_modules_share_a_name():
+    stems = [path.stem for path in module_files().values() if path.name != "__init__.py"]
+    assert sorted({s for s in stems if stems.count(s) > 1}) == []
+
 
 def test_no_module_imports_itself_back_through_others():
     found = cycles(import_graph())

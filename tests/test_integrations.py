@@ -31,7 +31,7 @@ def test_importing_starvewatch_imports_no_framework():
     assert out.stdout.strip() == "[]", out.stdout
     # Nor does a collector that was not asked for OTLP or TensorBoard (FastAPI itself may load
     # the OpenTelemetry *API* when installed; the SDK and exporters are ours to load).
-    code = ("import sys; from starvewatch.monitor.app import create_app; from starvewatch.monitor.settings "
+    code = ("import sys; from starvewatch.monitor.web.app import create_app; from starvewatch.monitor.web.collector_settings "
             "import CollectorSettings; create_app(CollectorSettings()); print(sorted(m for m in ("
             "'opentelemetry.sdk', 'opentelemetry.exporter', 'tensorboard', 'lightning', 'transformers') "
             "if m in sys.modules))")
@@ -42,7 +42,7 @@ def test_importing_starvewatch_imports_no_framework():
 @pytest.mark.parametrize("module, blocked, extra", [
     ("starvewatch.integrations.lightning", ("lightning", "lightning.pytorch", "pytorch_lightning"), "lightning"),
     ("starvewatch.integrations.huggingface", ("transformers",), "hf"),
-    ("starvewatch.monitor.otel", ("opentelemetry", "opentelemetry.sdk", "opentelemetry.sdk.metrics"), "otel"),
+    ("starvewatch.monitor.outputs.otel", ("opentelemetry", "opentelemetry.sdk", "opentelemetry.sdk.metrics"), "otel"),
 ])
 def test_a_missing_framework_says_how_to_install_it(monkeypatch, module, blocked, extra):
     for name in blocked:

@@ -3,7 +3,7 @@ filters, pages and links work, and the page paints and filters within a generous
 figures against the 1 s / 300 ms targets come from benchmarks/dashboard.py)."""
 import time
 
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.storage.store import Store
 from tests.browser import page_with_errors
 from tests.many_runs import seed_runs
 

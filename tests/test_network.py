@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from starvewatch.monitor.query import Query
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.storage.store import Store
 
 from .conftest import free_port, wait_until
 

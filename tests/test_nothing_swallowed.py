@@ -5,10 +5,10 @@ import threading
 from pathlib import Path
 
 from starvewatch.logonce import RateLimitedLog
-from starvewatch.monitor.app import _background
-from starvewatch.monitor.settings import CollectorSettings
-from starvewatch.monitor.spool_import import SpoolImporter
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.web.app import _background
+from starvewatch.monitor.web.collector_settings import CollectorSettings
+from starvewatch.monitor.storage.spool_import import SpoolImporter
+from starvewatch.monitor.storage.store import Store
 from tests.conftest import wait_until
 
 

@@ -1,13 +1,13 @@
-"""The query cache (monitor/query.py `cached`) is a least-recently-used cache bounded by its
+"""The query cache (monitor/storage/query.py `cached`) is a least-recently-used cache bounded by its
 number of entries and by an estimate of its size (rows: one `events` answer can hold 50,000
 events), on a real SQLite store: many large answers keep it under its size bound, the answers
 in use stay, and a 256-rank run page's per-rank summaries all stay cached after one pass."""
 import orjson
 
 from starvewatch.dashboard import callbacks
-from starvewatch.monitor.models import EventBatch
-from starvewatch.monitor.query import Query
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.web.wire_models import EventBatch
+from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.storage.store import Store
 from tests.test_collector_api import SECOND, batch
 
 START_S = 1_700_000_000
@@ -53,7 +53,7 @@ def test_many_large_events_answers_keep_the_cache_under_its_size_bound(tmp_path)
 
 
 def test_the_size_estimate_counts_rows_and_nested_lists():
-    from starvewatch.monitor.query import answer_rows
+    from starvewatch.monitor.storage.query import answer_rows
     events = [{"t_ns": i, "workers": [{"id": k} for k in range(4)]} for i in range(100)]
     assert answer_rows(events) == 1 + 100 + 400
     assert answer_rows({"points": list(range(1000)), "bucket_s": 1}) == 1 + 1000

@@ -8,7 +8,7 @@ import re
 import orjson
 import pytest
 
-from starvewatch.monitor.query import Query
+from starvewatch.monitor.storage.query import Query
 from tests.test_chart_bands import fold_to_window, spiky_run
 from tests.test_storage_budget import app_client
 

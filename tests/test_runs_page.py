@@ -4,8 +4,8 @@ import math
 import pytest
 
 from starvewatch.dashboard import callbacks, views
-from starvewatch.monitor.query import Query
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.storage.store import Store
 from tests.many_runs import seed_runs
 from tests.test_dashboard_views import _text
 
@@ -124,7 +124,7 @@ def test_listing_figures_equal_the_summary(tmp_path):
     the same values as the run's summary, for one rank, two ranks and two loaders."""
     import orjson
 
-    from starvewatch.monitor.models import EventBatch
+    from starvewatch.monitor.web.wire_models import EventBatch
     from tests.test_collector_api import batch
     store = Store(tmp_path / "db.sqlite")
     seed_runs(store, 30, groups=3)

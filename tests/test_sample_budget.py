@@ -1,4 +1,4 @@
-"""Host, GPU and worker samples under the storage budget (monitor/sample_rollups.py): folded in
+"""Host, GPU and worker samples under the storage budget (monitor/budget/sample_rollups.py): folded in
 the steps' tiers into per-bucket aggregates, the summary and its diagnosis stay what they were
 (the worker-memory series keeps each worker's first and last reading per bucket); the file keeps to its budget under sample-heavy ingest; a schema-3
 database opens, migrates and folds; the rank-summed rollups are coarsened with the per-rank ones.
@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from starvewatch.monitor import retention
-from starvewatch.monitor.export import to_markdown
-from starvewatch.monitor.query import Query
+from starvewatch.monitor.budget import retention
+from starvewatch.monitor.outputs.export import to_markdown
+from starvewatch.monitor.storage.query import Query
 from tests.conftest import wait_until
 from tests.sample_payloads import T0_S, sample_batch
 from tests.test_collector_api import SECOND, batch, post

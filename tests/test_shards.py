@@ -56,7 +56,7 @@ def _rank_events(rank: int, hashes: list[list[int]]) -> dict:
 
 
 def test_ranks_that_read_the_same_shards_are_found_from_their_hashes():
-    from starvewatch.monitor.duplicate_shards import shard_findings
+    from starvewatch.analysis.findings.duplicate_shards import shard_findings
     worker = [[i * 10 + w + 1 for i in range(16)] for w in range(2)]  # sharded by worker
     # Sharded by worker, not by rank: rank 1's workers repeat rank 0's.
     [found] = shard_findings([_rank_events(0, worker), _rank_events(1, worker)])

@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import Dataset
 
 import starvewatch
-from starvewatch.dashboard import answer
+from starvewatch.dashboard import answer_card
 from starvewatch.hooks.report import format_report
-from starvewatch.monitor.export import render_html, to_markdown
+from starvewatch.monitor.outputs.export import render_html, to_markdown
 from tests.conftest import wait_until
 from tests.test_dashboard_views import _text
 
@@ -102,7 +102,7 @@ def test_an_expensive_snapshot_every_step_is_found_with_its_cost_and_the_checkpo
                for line in format_report(summary).splitlines())
     assert f"snapshot_every_n_steps={CHECKPOINT_EVERY}" in to_markdown(summary)
     assert "snapshotting its workers" in render_html(summary, {}, {}, [])
-    card = _text(answer.findings_card(summary))
+    card = _text(answer_card.findings_card(summary))
     assert finding["title"] in card and "snapshot cost per step" in card
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from starvewatch.monitor.query import Query
-from starvewatch.monitor.spool_import import SpoolImporter
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.storage.spool_import import SpoolImporter
+from starvewatch.monitor.storage.store import Store
 from tests.conftest import wait_until
 
 
@@ -243,7 +243,7 @@ def test_a_running_process_counts_its_file_set_aside_by_the_sweep_as_dropped(tmp
 
 
 def test_an_offline_view_of_a_spool_moves_nothing(tmp_path):
-    from starvewatch.monitor.sources import LocalSource
+    from starvewatch.monitor.storage.sources import LocalSource
     spool = tmp_path / "spool"
     content = truncated_gzip()
     bad = write(spool, "bad-run", "s", 1, content)

@@ -1,10 +1,10 @@
 """A long-lived collector's spool sweep keeps no growing list of the files it rejected: the
 run's account in the database counts and lists them (`unreadable_spool`), the importer only how
 many and the latest few paths; files it could not set aside are forgotten once gone."""
-from starvewatch.monitor import spool_import
-from starvewatch.monitor.query import Query
-from starvewatch.monitor.spool_import import SpoolImporter
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.storage import spool_import
+from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.storage.spool_import import SpoolImporter
+from starvewatch.monitor.storage.store import Store
 from tests.test_spool_files import truncated_gzip, write
 
 ROUNDS, PER_ROUND = 25, 10

@@ -1,4 +1,4 @@
-"""The storage budget (serve --max-db-size, monitor/retention.py), with budgets of a few MB so
+"""The storage budget (serve --max-db-size, monitor/budget/retention.py), with budgets of a few MB so
 each test runs in seconds: folding keeps every answer, the CSV marks what was folded, the file
 keeps to its budget under sustained ingest, ended runs go oldest first with a log line and a
 banner, and a database written by the previous version opens and migrates."""
@@ -15,10 +15,11 @@ from fastapi.testclient import TestClient
 
 from starvewatch.cli import build_parser
 from starvewatch.dashboard import views
-from starvewatch.monitor import folded_reads, retention
-from starvewatch.monitor.app import create_app
-from starvewatch.monitor.query import Query
-from starvewatch.monitor.settings import CollectorSettings
+from starvewatch.monitor.storage import folded_reads
+from starvewatch.monitor.budget import retention
+from starvewatch.monitor.web.app import create_app
+from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.web.collector_settings import CollectorSettings
 from tests.conftest import wait_until
 from tests.test_collector_api import SECOND, batch, post
 
@@ -329,7 +330,7 @@ def test_the_run_wide_series_from_rank_summed_rollups_equals_the_per_rank_sum(tm
 def test_a_series_is_reused_while_its_data_has_not_changed_however_old(tmp_path, monkeypatch):
     """A slow answer (the run-wide series of a month-long job) must not be computed again on
     every poll once it is older than the age limit of clock-dependent answers."""
-    from starvewatch.monitor import query as query_module
+    from starvewatch.monitor.storage import query as query_module
     with app_client(tmp_path) as client:
         assert post(client, batch(n=2000)).status_code == 200
         q = client.app.state.query

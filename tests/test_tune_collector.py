@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import starvewatch
 from starvewatch.dashboard.tuning_panel import panel
-from starvewatch.monitor.tuning import expected_speedup, with_tuning
+from starvewatch.analysis.measured_tuning import expected_speedup, with_tuning
 from starvewatch.tuning.remote import CollectorError
 from tests.conftest import wait_until
 

@@ -14,9 +14,10 @@ from torch.utils.data import DataLoader, Dataset
 import starvewatch
 from starvewatch.hooks.report import format_report
 from starvewatch.hooks.session import current_session
-from starvewatch.monitor.export import render_html, to_markdown
+from starvewatch.monitor.outputs.export import render_html, to_markdown
 from tests.conftest import wait_until
-from starvewatch.monitor.worker_memory import growth_of, memory_growth_findings, worker_memory_series
+from starvewatch.analysis.findings.worker_memory import (growth_of, memory_growth_findings,
+    worker_memory_series)
 
 ITEMS = 600_000      # ~55 MiB of Python lists and floats in the parent
 CHUNK = 1500         # objects each sample reads: ITEMS / CHUNK = 400 samples (5 epochs)
@@ -135,9 +136,9 @@ def test_the_collector_serves_memory_series_findings_and_stall_details(tmp_path)
     worker's fields through the API, the export and the dashboard's view."""
     from fastapi.testclient import TestClient
 
-    from starvewatch.dashboard import answer
-    from starvewatch.monitor.app import create_app
-    from starvewatch.monitor.settings import CollectorSettings
+    from starvewatch.dashboard import answer_card
+    from starvewatch.monitor.web.app import create_app
+    from starvewatch.monitor.web.collector_settings import CollectorSettings
     from tests.test_collector_api import batch, post
 
     mib, t0 = 2**20, 1_700_000_000 * 10**9
@@ -173,7 +174,7 @@ def test_the_collector_serves_memory_series_findings_and_stall_details(tmp_path)
         markdown = client.get("/api/v1/runs/mem-run/export?format=md").text
         assert "worker 1 (pid 101, sleeping); loading indices 28, 29, 30, 31; at File \"/data.py\", line 9 in read_shard" in markdown
         assert "## Findings" in markdown
-    panel = str(answer.findings_card(summary))
+    panel = str(answer_card.findings_card(summary))
     assert "read_shard" in panel and "100.0 MiB per 1,000 samples" not in panel  # 95.4 MiB: binary
     assert "95.4 MiB per 1,000 samples" in panel
 
@@ -286,7 +287,7 @@ def _shut_down(inner) -> None:
 
 
 def test_shm_estimate_blames_only_loaders_whose_batches_matter():
-    from starvewatch.monitor.shm_exhaustion import shm_findings
+    from starvewatch.analysis.findings.shm_exhaustion import shm_findings
     mib = 2**20
     events = [{"loader": name, "workers": [{"id": 0, "batch_bytes": size}]}
               for name, size in (("tiny", 4096), ("big", 20 * mib))]

@@ -5,9 +5,9 @@ its own in its per-rank summary, and the run page's workers panel shows one rank
 import orjson
 
 from starvewatch.dashboard import callbacks
-from starvewatch.monitor.models import EventBatch
-from starvewatch.monitor.query import Query
-from starvewatch.monitor.store import Store
+from starvewatch.monitor.web.wire_models import EventBatch
+from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.storage.store import Store
 from tests.test_collector_api import SECOND, batch
 from tests.test_dashboard_views import _text
 

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import default_collate
 
 import starvewatch
-from starvewatch.monitor.export import to_markdown
+from starvewatch.monitor.outputs.export import to_markdown
 from tests.test_loaders import shards  # noqa: F401 (a fixture: 4 webdataset shards of 16 samples)
 
 N = 64

@@ -162,7 +162,7 @@ def _finding_ok(scenario, summary) -> bool | None:
 
 def _constructs(scenario, summary) -> bool:
     """Every recommended configuration builds a DataLoader (with the scenario's batching)."""
-    from starvewatch.monitor.diagnosis import applied_config
+    from starvewatch.analysis.diagnosis import applied_config
     for part in summary["loaders"]:
         spec = scenario.loaders[part["name"]]
         if part["config"] is None:
@@ -212,7 +212,7 @@ class _DiagnosisInputs:
         self.args = None
 
     def __enter__(self):
-        from starvewatch.monitor import diagnosis
+        from starvewatch.analysis import diagnosis
         self.module, self.original = diagnosis, diagnosis.diagnose
 
         def diagnose(summary, loaders, *, system=None, previous=None, run=None, **kwargs):
@@ -226,7 +226,7 @@ class _DiagnosisInputs:
 
     def predict(self, loader: str, change: dict) -> tuple[float, list | None]:
         """(speed-up, range or None) the model predicts for `loader` with `change` applied."""
-        from starvewatch.monitor.model import DEFAULT, LoaderFacts, speedup, speedup_range
+        from starvewatch.analysis.throughput_model import DEFAULT, LoaderFacts, speedup, speedup_range
         summary, loaders, system, run = self.args
         part = next(p for p in summary["loaders"] if p["name"] == loader)
         data = next(d for d in loaders if d.name == loader)

@@ -3,7 +3,7 @@
 - reference/api.md and reference/openapi.json: from the collector's OpenAPI document, as
   `create_app()` of this checkout builds it (the same document `/api/openapi.json` serves);
 - reference/schemas.md: the contracts of starvewatch/schema.py (schema names, step columns,
-  bands) and the wire models the collector validates (starvewatch/monitor/models.py), with
+  bands) and the wire models the collector validates (starvewatch/monitor/web/wire_models.py), with
   the run summary's fields from docs/_hooks/summary.md (the one part written by hand: the
   summary is built by the analysis, not declared by a model);
 - changelog.md: CHANGELOG.md at the repository's root, as it is.
@@ -37,8 +37,8 @@ READ_BODIES = {
 # ---- the HTTP API ---------------------------------------------------------------------------
 
 def openapi_document() -> dict:
-    from starvewatch.monitor.app import create_app
-    from starvewatch.monitor.settings import CollectorSettings
+    from starvewatch.monitor.web.app import create_app
+    from starvewatch.monitor.web.collector_settings import CollectorSettings
     with tempfile.TemporaryDirectory(prefix="starvewatch-docs-") as tmp:
         return create_app(CollectorSettings(dir=Path(tmp))).openapi()
 
@@ -95,7 +95,7 @@ def _default(schema: dict) -> str:
 
 
 def api_markdown(document: dict) -> str:
-    lines = [GENERATED_NOTE.format(source="the collector's OpenAPI document (starvewatch/monitor/app.py)"),
+    lines = [GENERATED_NOTE.format(source="the collector's OpenAPI document (starvewatch/monitor/web/app.py)"),
              "# HTTP API", "",
              f"{document['info']['title']} {document['info']['version']}, OpenAPI "
              f"{document['openapi']}. A running collector serves the same document at "
@@ -175,8 +175,8 @@ def _model_tables(model) -> list[str]:
 
 def schemas_markdown() -> str:
     from starvewatch import schema
-    from starvewatch.monitor.models import MAX_BATCH_RECORDS, EventBatch
-    lines = [GENERATED_NOTE.format(source="starvewatch/schema.py and starvewatch/monitor/models.py"),
+    from starvewatch.monitor.web.wire_models import MAX_BATCH_RECORDS, EventBatch
+    lines = [GENERATED_NOTE.format(source="starvewatch/schema.py and starvewatch/monitor/web/wire_models.py"),
              "# Schemas", "",
              (schema.__doc__ or "").strip(), "",
              "| contract | name |", "|---|---|",
@@ -197,7 +197,7 @@ def schemas_markdown() -> str:
               f"A run's band is its worst loader's, in the order {', '.join(f'`{b}`' for b in schema.BAND_ORDER)}.", "",
               (Path(__file__).with_name("summary.md").read_text().split("-->", 1)[1].strip()), "",
               f"## Events `{schema.EVENTS_SCHEMA}`", "",
-              "What the collector validates (`starvewatch/monitor/models.py`), field by field. A batch "
+              "What the collector validates (`starvewatch/monitor/web/wire_models.py`), field by field. A batch "
               f"holds at most {MAX_BATCH_RECORDS:,} step records; a batch that fails validation is "
               "refused whole (422) and nothing of it is written.", ""]
     lines += _model_tables(EventBatch)

@@ -9,12 +9,12 @@ from dash import Input, Output, State, ctx, dcc, html, no_update
 from plotly.utils import PlotlyJSONEncoder
 from starlette.concurrency import run_in_threadpool
 
-from ..monitor import figures
+from ..monitor.outputs import figures
 from ..ids import url_segment
-from ..monitor import compare
-from ..monitor.compare_figures import figures_for
-from ..monitor.query import NotFound
-from . import answer, layout, views
+from ..analysis import compare
+from ..monitor.outputs.compare_figures import figures_for
+from ..monitor.storage.query import NotFound
+from . import answer_card, layout, views
 
 # Polling pauses while the tab is hidden: the interval still ticks, but nothing is asked of
 # the server until the user looks again.
@@ -100,12 +100,12 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
     fraction = figures.wait_fraction_over_time(series)
     for fig in (timeline, fraction):
         fig.update_layout(uirevision=f"{run_id}:{loader}")  # keep the user's zoom across updates
-    advice = [c for c in (answer.protective_card(summary), answer.findings_card(summary)) if c is not None]
+    advice = [c for c in (answer_card.protective_card(summary), answer_card.findings_card(summary)) if c is not None]
     return {
         "missing": False,
         "title": run_title(summary, query.previous_run_id(run_id)),
         "banner": [b for b in (views.stall_banner(summary, status), views.delivery_banner(summary)) if b],
-        "recommendations": answer.answer(summary),
+        "recommendations": answer_card.answer(summary),
         "advice": advice or None,
         "kpis": views.kpis(summary),
         "loader_options": [{"label": n, "value": n} for n in names],
@@ -119,7 +119,7 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
         "workers": views.workers_panel(workers, loader, rank=workers_rank if len(ranks) > 1 else None, why=why),
         "ranks": views.ranks_panel(per_rank, stragglers)
         or html.P("One rank."),
-        "config": answer.config_table(summary),
+        "config": answer_card.config_table(summary),
     }
 
 

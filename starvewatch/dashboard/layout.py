@@ -28,7 +28,7 @@ def _filter(filter_id: str, label: str, options: list[tuple[str, str]]) -> html.
 def runs_page(group: str | None = None) -> html.Div:
     """Runs grouped by name, filtered by status and verdict, a page of runs at a time; with
     `group`, the runs of that name only (all of them)."""
-    from ..monitor.query import STATUSES
+    from ..monitor.storage.query import STATUSES
     from .views import VERDICTS
     title = html.H2("Runs") if group is None else \
         html.H2(["Runs named ", html.Code(group), " ", dcc.Link("(all runs)", href="/", className="sw-muted")])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dash import Input, Output, State, dcc, html
 from starlette.concurrency import run_in_threadpool
 
-from ..monitor.query import NotFound
+from ..monitor.storage.query import NotFound
 
 CONTAINER_ID = "tuning-panel"
 

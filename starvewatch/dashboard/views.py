@@ -4,11 +4,11 @@ from __future__ import annotations
 from dash import dcc, html
 
 from ..ids import url_segment
-from ..monitor import figures
-from ..monitor.diagnosis import joint_changes_note
-from ..monitor import compare
-from .quantities import human_bytes
-from ..monitor.stall_text import stall_where
+from ..monitor.outputs import figures
+from ..analysis.diagnosis import joint_changes_note
+from ..analysis import compare
+from ..quantities import human_bytes
+from ..analysis.findings.stall_text import stall_where
 
 
 def pct(x) -> str:
@@ -239,7 +239,7 @@ def ranks_panel(per_rank: dict[int, dict], stragglers: dict | None = None) -> ht
 
 
 def compare_view(comp: dict, charts: dict | None = None) -> html.Div:
-    """Two runs side by side (monitor/compare.py): the metric changes, the configuration with
+    """Two runs side by side (analysis/compare.py): the metric changes, the configuration with
     what changed highlighted, the verify-after-change verdict with its intervals drawn, then the
     distributions overlaid and the series on one time axis, per pair of loaders."""
     def graph(fig, graph_id):

@@ -15,7 +15,7 @@ from ..stats import LoaderTotals
 
 
 def _wait_ns(t: LoaderTotals) -> int:
-    return t.wait_ns + t.epoch_end_wait_ns  # as the summary counts it (monitor/analysis.py)
+    return t.wait_ns + t.epoch_end_wait_ns  # as the summary counts it (analysis/summary.py)
 
 
 def _figures(t: LoaderTotals) -> dict:

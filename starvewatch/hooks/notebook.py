@@ -249,7 +249,7 @@ COLAB_FRAME_ANCESTORS = "https://colab.research.google.com https://*.googleuserc
 
 def prepare_environment() -> None:
     """Before a run starts in Colab: a collector this kernel starts lets Colab's output frames
-    show its run pages (monitor/framing.py reads STARVEWATCH_FRAME_ANCESTORS). Colab's VM is
+    show its run pages (monitor/web/framing.py reads STARVEWATCH_FRAME_ANCESTORS). Colab's VM is
     reached only through Colab's own authenticated port proxy."""
     if "google.colab" in sys.modules:
         os.environ.setdefault("STARVEWATCH_FRAME_ANCESTORS", COLAB_FRAME_ANCESTORS)

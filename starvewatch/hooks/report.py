@@ -20,8 +20,8 @@ def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: st
         lines.append(f"  up to {verdict['speedup_at_stake']:.2f}x faster if the GPU never waited for data")
     for rec in summary.get("recommendations", [])[:3]:
         lines.append(f"  -> {recommendation_line(rec)}")
-    from ..monitor.findings import finding_line
-    from ..monitor.stall_text import stall_where
+    from ..analysis.findings import finding_line
+    from ..analysis.findings.stall_text import stall_where
     for stall in summary.get("stalls", [])[:3]:
         where = stall_where(stall)
         lines.append(f"  !! stall on {stall.get('loader')}: waited {stall.get('wait_s', 0):.1f} s for batch "

@@ -234,7 +234,7 @@ class Session:
             it.__class__ = WatchedIterator  # the next batch starts a step without closing one
 
     def summary(self) -> dict:
-        from ..monitor.analysis import LoaderData, summarize
+        from ..analysis.summary import LoaderData, summarize
         book = self.shipper.book()
         loaders = [LoaderData(name=s.name, config=s.config, totals=book.merged(s.index, s.totals),
                               records=book.stats.get(s.index), ranks=[self.rank])
@@ -242,7 +242,7 @@ class Session:
         run = {k: v for k, v in self.metadata().items()}
         run.update(status="finished" if not self.active else "live", rank=self.rank,
                    world_size=self.world_size)
-        from ..monitor.system import overview
+        from ..analysis.system import overview
         history = [event for sampler in self.samplers for event in sampler.history]
         summary = summarize(run, loaders, stalls=self.stalls, system=overview(history, rank=self.rank),
                             worker_events=[e for kind, e in history if kind == "workers"])

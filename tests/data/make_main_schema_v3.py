@@ -12,9 +12,9 @@ import tempfile
 import starvewatch
 assert starvewatch.__file__.startswith("/tmp/v3src"), starvewatch.__file__
 from fastapi.testclient import TestClient
-from starvewatch.monitor.app import create_app
-from starvewatch.monitor.settings import CollectorSettings
-from starvewatch.monitor.store import SCHEMA_VERSION
+from starvewatch.monitor.web.app import create_app
+from starvewatch.monitor.web.collector_settings import CollectorSettings
+from starvewatch.monitor.storage.store import SCHEMA_VERSION
 assert SCHEMA_VERSION == 3
 from tests.test_collector_api import post
 from tests.sample_payloads import sample_batch, T0_S

@@ -14,7 +14,7 @@ on the clock they were read with, so the hot path pays nothing for it:
 - shared: compute that another loader of the thread also counts (zip: each loader's step holds
   the loop body), so that the run counts it once: the part of the step before the last call of
   another loader inside it. The run's loop time is every loader's wait and compute less the
-  shared part (monitor/analysis.py).
+  shared part (analysis/summary.py).
 
 The shipper ships every step closed by a cycle's horizon and, as marks, the waits that ended
 by then in steps it does not ship yet (in progress, or held back; record_layout.py), so the

@@ -1,0 +1,239 @@
+"""The diagnosis rules, one function each, listed in `RULES`: read one rule in one place.
+
+A rule looks at one loader's facts (`model.LoaderFacts`) and proposes advice:
+- `kind="speedup"`: a value that buys throughput. The engine predicts its gain with the one
+  model (`model.step_ms`) over the changed configuration, or over `what_if` factors for advice
+  that is not a DataLoader argument.
+- `kind="protective"`: an upper bound that removes a risk (memory, thrashing) and buys no
+  speed. When a speed-up and a bound name the same setting, the engine keeps one answer: the
+  largest value within every bound.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from .throughput_model import LoaderFacts, Thresholds
+
+
+def proposal(f: LoaderFacts, parameter, suggested, reason: str, evidence: dict, *, kind="speedup",
+             risk=None, what_if=None) -> dict:
+    return {"loader": f.name, "parameter": parameter,
+            "current": f.config.get(parameter) if parameter else None, "suggested": suggested,
+            "reason": reason, "evidence": evidence, "kind": kind, "risk": risk, "what_if": what_if}
+
+
+def not_a_dataloader(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """Batches made on the training thread by a plain iterable: move loading into workers."""
+    if f.workers is not None:
+        return []
+    needed = f.workers_needed(t)
+    return [proposal(f, None, f"DataLoader(num_workers={needed})",
+                     f"batches are produced on the training thread ({f.load:.1f} ms each against "
+                     f"{f.compute:.1f} ms of compute); wrap the data in a DataLoader with {needed} workers",
+                     f.evidence(workers_needed=needed), what_if={"num_workers": needed})]
+
+
+def more_workers(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """Workers do not keep up: size them as ceil(load / compute x headroom); CPU-bound loading
+    is capped by the cores of this rank's share of the host. Not when the wait is the main
+    process's own share (see main_process_share), nor when storage is (see faster_storage)."""
+    if f.workers is None or f.workers_keep_up or f.main_bound or f.storage_bound:
+        return []
+    needed = f.workers_needed(t)
+    # CPU-bound loading, or any loading on a host whose CPU is saturated (a waking worker
+    # waits for a core too): more workers than cores cannot get more done.
+    capped = min(needed, f.cores) if f.cpu_busy or f.host_cpu_saturated else needed
+    if capped <= f.workers:
+        return []
+    kind = "CPU work (decoding, transforms)" if f.cpu_busy else "waiting (reads, latency)"
+    reason = (f"loading a batch takes {f.load:.1f} ms of {kind} against {f.compute:.1f} ms of compute; "
+              f"{capped} workers keep up (ceil(load / compute x {t.worker_headroom}) = {needed}"
+              + (f", capped at {capped} by {f.cores} usable cores"
+                 + (" on a saturated CPU" if f.host_cpu_saturated and not f.cpu_busy else "")
+                 if capped < needed else "") + ")")
+    if f.workers == 0:
+        reason = "num_workers=0 loads every batch on the training thread: " + reason
+    return [proposal(f, "num_workers", capped, reason,
+                     f.evidence(workers_needed=needed, cpu_bound_loading=f.cpu_busy))]
+
+
+def main_process_share(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """With workers, the wait is the training process's own work (receiving and rebuilding
+    batches from shared memory), not workers loading: more workers cannot help; lighter
+    batches (fewer, larger tensors) do."""
+    if not f.main_bound:
+        return []
+    return [proposal(f, None, "lighter_batches",
+                     f"the training process spends {f.main_share:.1f} ms per batch receiving and rebuilding it "
+                     f"from the workers ({f.main_share / max(f.steady_wait, 1e-9):.0%} of its wait); more workers "
+                     f"would not help: return fewer, larger tensors (stack a sample's fields, no lists of "
+                     f"small tensors), a lighter collate_fn, smaller dtypes",
+                     f.evidence(main_share_ms=round(f.main_share, 3), worker_load_ms=round(f.load, 3)),
+                     what_if={"handover_ms": t.worker_transfer_ms})]
+
+
+def lighter_transforms(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """CPU-bound loading with every usable core already loading: more workers cannot help;
+    only less CPU work per batch does. Predicted as if the CPU part of loading left the host."""
+    if not f.workers or not f.cpu_busy or f.workers_keep_up or f.active_workers < f.cores:
+        return []
+    # The share of a fetch the transforms account for: its CPU time over its wall time; on a
+    # saturated host the rest is waiting for a core, caused by the CPU work as well.
+    cpu_share = 1.0 if f.cores_saturated or f.worker_cpu_fraction is None else f.worker_cpu_fraction
+    return [proposal(f, None, "gpu_transforms",
+                     f"the transforms are the limit ({f.active_workers} CPU-bound workers on {f.cores} cores, "
+                     f"{f.load:.1f} ms a batch): make them lighter, precompute them, or run them on the GPU "
+                     f"(torchvision.transforms.v2 on CUDA tensors, NVIDIA DALI)",
+                     f.evidence(cpu_pct=f.system.get("cpu_pct_mean")),
+                     what_if={"load_scale": round(1 - cpu_share, 3)})]
+
+
+def cpu_oversubscribed(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """More CPU-bound workers than cores on a saturated CPU (the host's, or the cores the
+    workers fill themselves): they thrash and hold RAM."""
+    if not f.workers or not f.cpu_busy or f.active_workers <= f.cores or not f.cores_saturated:
+        return []
+    host_pct = f.system.get("cpu_pct_mean")
+    why = ([f"{host_pct:.0f}% busy"] if host_pct is not None else []) + \
+        ([f"the workers' loading alone uses {f.worker_cpu_fraction * f.active_workers:.1f} cores"]
+         if f.loading_saturates_cores else [])
+    return [proposal(f, "num_workers", f.cores,
+                     f"{f.active_workers} CPU-bound workers share {f.cores} cores on a saturated CPU ({', '.join(why)})",
+                     f.evidence(cpu_pct=f.system.get("cpu_pct_mean")), kind="protective",
+                     risk="workers beyond the cores thrash the CPU caches and each holds its own copy of the dataset")]
+
+
+def persistent_workers(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """Workers respawned at every epoch, and the first batch of each epoch waits for them."""
+    if not f.workers or f.config.get("persistent_workers") or f.epochs < 2 or f.respawn < t.startup_min_ms:
+        return []
+    return [proposal(f, "persistent_workers", True,
+                     f"workers are respawned every epoch: each epoch starts with a {f.first_wait:.0f} ms "
+                     f"wait for the first batch",
+                     f.evidence(first_batch_wait_ms=round(f.first_wait or 0, 1),
+                                steady_wait_ms=round(f.steady_wait, 3), epochs=f.epochs))]
+
+
+def deeper_prefetch(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """Bursty waits while the workers keep up on average: a deeper queue absorbs them."""
+    prefetch = f.config.get("prefetch_factor") or 2
+    if not f.bursty or not f.workers_keep_up or f.prefetch_needed <= prefetch:
+        return []
+    return [proposal(f, "prefetch_factor", f.prefetch_needed,
+                     f"waits come in bursts (p99 {f.p99_wait:.1f} ms vs median {f.median_wait:.2f} ms) while "
+                     f"the workers keep up on average; a deeper queue absorbs them",
+                     f.evidence(wait_p50_ms=round(f.median_wait, 3), wait_p99_ms=round(f.p99_wait, 3)))]
+
+
+def pin_memory(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """With CUDA, page-locked batches let the host-to-device copy overlap compute."""
+    if not ctx["cuda"] or f.config.get("pin_memory") or f.workers is None:
+        return []
+    return [proposal(f, "pin_memory", True,
+                     "page-locked batches let .to('cuda', non_blocking=True) overlap the copy with compute",
+                     f.evidence(), kind="protective",
+                     risk="pageable host memory makes every host-to-device copy synchronous (its gain is "
+                          "not measured here, so none is claimed)")]
+
+
+def faster_storage(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """High iowait: the reads themselves are the limit, and more workers only queue more reads
+    behind them. Predicted as if reads cost nothing: the CPU part of loading stays."""
+    if not f.storage_bound:
+        return []
+    iowait = f.system["iowait_pct_mean"]
+    cpu_share = f.worker_cpu_fraction if f.workers else f.probe_cpu_fraction
+    read_rate = f.system.get("disk_read_bytes_per_s_mean")
+    return [proposal(f, None, "faster_storage",
+                     f"reads are the limit (iowait {iowait:.0f}%: the readers are blocked on storage"
+                     + (f" reading {read_rate / 2**20:.0f} MiB/s" if read_rate else "")
+                     + "); more workers would queue more reads behind them: use a sequential shard format "
+                     "(WebDataset, LMDB, TFRecord), copy the data to local NVMe, or cache it in RAM "
+                     "(`starvewatch tune` measures whether more workers help anyway)",
+                     f.evidence(iowait_pct=round(iowait, 1), disk_read_bytes_per_s=read_rate),
+                     what_if={"load_scale": round(cpu_share or 0.0, 3)})]
+
+
+def memory_budget(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """Workers must fit in free RAM and free /dev/shm less a reserve: each holds its own memory
+    and prefetch_factor batches in shared memory. Bounds num_workers (or prefetch_factor)."""
+    if not f.workers:
+        return []
+    s, keep = f.system, 1 - t.memory_reserve_fraction
+    prefetch = f.config.get("prefetch_factor") or 2
+    per_worker = f.worker_info.get("worker_mem_bytes_max")
+    shm_max, shm_min, shm_total = s.get("shm_used_max_bytes"), s.get("shm_used_min_bytes"), s.get("shm_total_bytes")
+    # Only the workers that serve fill /dev/shm with their prefetched batches; the plan below
+    # counts every configured worker (each would, once resharding gives it data).
+    batch_bytes = (shm_max - shm_min) / (f.active_workers * prefetch) \
+        if shm_max is not None and shm_min is not None and shm_max > shm_min else None
+    ram_budget = keep * (s["mem_available_min_bytes"] + f.workers * per_worker) \
+        if per_worker and s.get("mem_available_min_bytes") is not None else None
+    shm_budget = keep * (shm_total - shm_min) if batch_bytes and shm_total else None
+
+    def fit(depth: int) -> int | None:
+        limits = ([math.floor(ram_budget / per_worker)] if ram_budget is not None else []) + \
+                 ([math.floor(shm_budget / (depth * batch_bytes))] if shm_budget is not None else [])
+        return min(limits) if limits else None
+
+    evidence = f.evidence(worker_mem_bytes=per_worker, batch_bytes=round(batch_bytes) if batch_bytes else None,
+                          mem_available_min_bytes=s.get("mem_available_min_bytes"), shm_total_bytes=shm_total,
+                          shm_used_max_bytes=shm_max, memory_reserve_fraction=t.memory_reserve_fraction)
+    risk = "workers beyond the memory budget get killed (OOM) or crash with 'Bus error' when /dev/shm fills"
+    fits = fit(prefetch)
+    if fits is None:
+        return []
+    if fits >= f.workers:  # an upper bound for the speed-up rules, shown only if it binds
+        return [proposal(f, "num_workers", fits, f"memory allows at most {fits} workers", evidence,
+                         kind="protective", risk=risk)]
+    shallower = [d for d in range(2, prefetch) if (fit(d) or 0) >= f.workers]
+    if shallower:
+        depth = max(shallower)
+        return [proposal(f, "prefetch_factor", depth,
+                         f"{f.workers} workers x {prefetch} prefetched batches of {batch_bytes / 2**20:.1f} MiB "
+                         f"exceed the /dev/shm budget ({shm_budget / 2**20:.0f} MiB: free less "
+                         f"{t.memory_reserve_fraction:.0%}); {depth} deep fits and keeps the workers",
+                         evidence, kind="protective", risk=risk)]
+    return [proposal(f, "num_workers", max(1, fits),
+                     f"{f.workers} workers do not fit the memory budget (free RAM and /dev/shm less "
+                     f"{t.memory_reserve_fraction:.0%}); {max(1, fits)} do", evidence, kind="protective", risk=risk)]
+
+
+def larger_batches(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """The GPU is underused while the loop hardly waits: larger batches amortise the launch
+    overhead. Loaders that do their own batching keep it: the advice names their batcher."""
+    util = f.system.get("gpu_util_mean")
+    batch = f.config.get("batch_size")
+    reason = (f"the GPU is {util:.0f}% busy while the loop hardly waits for data: larger batches (or CUDA "
+              f"graphs, torch.compile, fewer small kernels) cut launch overhead")
+    evidence = f.evidence(gpu_util_pct=util)
+    if batch:
+        return [proposal(f, "batch_size", batch * 2, reason, evidence)]
+    batcher = f.config.get("batch_sampler")
+    where = f"your batch_sampler ({batcher})" if batcher else "your dataset (batch_size=None: it yields batches)"
+    return [proposal(f, None, "larger_batches", f"{reason}; make {where} yield twice the samples per batch",
+                     evidence, what_if={"batch_scale": 2})]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    when: str          # "starved": the loader waits; "any": every loader; "host_bound": the run
+    propose: Callable[[LoaderFacts, Thresholds, dict], list[dict]]
+
+
+RULES = (
+    Rule("not_a_dataloader", "starved", not_a_dataloader),
+    Rule("more_workers", "starved", more_workers),
+    Rule("main_process_share", "starved", main_process_share),
+    Rule("lighter_transforms", "starved", lighter_transforms),
+    Rule("persistent_workers", "starved", persistent_workers),
+    Rule("deeper_prefetch", "starved", deeper_prefetch),
+    Rule("faster_storage", "starved", faster_storage),
+    Rule("pin_memory", "starved", pin_memory),
+    Rule("cpu_oversubscribed", "any", cpu_oversubscribed),
+    Rule("memory_budget", "any", memory_budget),
+    Rule("larger_batches", "host_bound", larger_batches),
+)

@@ -1,0 +1,51 @@
+"""Report sections of the Markdown export (and the HTML report drawn from it) for parts of a
+summary that have their own shape: the stragglers across ranks, and stored `starvewatch tune`
+results. Every stored name goes through markdown_text, never into the document as markup."""
+from __future__ import annotations
+
+from .markdown_text import md_block, md_text
+
+
+def straggler_lines(result: dict | None) -> list[str]:
+    """The report's "Stragglers" section (none for a single-rank run)."""
+    if not result:
+        return []
+    lines = ["", "## Stragglers", "",
+             f"Ranks compared per window of {result['rule']['window_steps']} aligned steps ({result['windows']} "
+             f"windows): excess over the median rank of {100 * result['rule']['warning_fraction']:.0f}% of the step "
+             f"time is a warning, {100 * result['rule']['critical_fraction']:.0f}% critical.", ""]
+    if not result["stragglers"]:
+        lines.append("No straggler: the ranks wait and compute alike.")
+    for s in result["stragglers"]:
+        cause = (s.get("cause") or {}).get("text") or ""
+        lines.append(f"- **rank {s['rank']}**, {md_text(s['loader'])}: {s['severity']} {s['kind']} straggler, "
+                     f"+{s['excess_ms']:.1f} ms of a {s['step_ms']:.1f} ms step "
+                     f"({100 * s['excess_fraction']:.0f}%). {cause}")
+    return lines
+
+
+def tuning_lines(tuning: dict | None) -> list[str]:
+    """The report section for stored tuning results (Markdown lines; empty when none)."""
+    if not tuning:
+        return []
+    lines = ["", "## Measured tuning (`starvewatch tune`)", "",
+             f"{len(tuning.get('trials') or [])} trials in {tuning.get('elapsed_s') or 0:.1f} s of a "
+             f"{tuning.get('budget_s')} s budget on {md_text(tuning.get('host') or 'unknown host')} "
+             f"({tuning.get('cores')} cores), {tuning.get('created_at')}.", "",
+             "| configuration | batches/s | samples/s | worker memory | CPU % | status |",
+             "|---|---:|---:|---:|---:|---|"]
+    answer = tuning.get("answer") or {}
+    for t in tuning.get("trials") or []:
+        label = t.get("label") or ", ".join(f"{k}={v!r}" for k, v in t["config"].items())
+        mark = " (answer)" if answer and t["config"] == answer.get("config") else ""
+        mem = f"{t['worker_uss_bytes'] / 2**20:.0f} MiB" if t.get("worker_uss_bytes") else "n/a"
+        status = t["status"] + (f": {t['reason']}" if t.get("reason") else "")
+        lines.append(f"| {md_text(label)}{mark} | {_fmt(t.get('batches_per_s'))} | {_fmt(t.get('samples_per_s'))} | "
+                     f"{mem} | {_fmt(t.get('cpu_pct'), 0)} | {md_text(status)} |")
+    if answer:
+        lines += ["", f"Answer: {md_text(answer.get('rule'))}.", "", *md_block(str(answer.get('snippet')), "python")]
+    return lines
+
+
+def _fmt(x, digits: int = 1) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"

@@ -1,0 +1,327 @@
+"""The collector's front door, one ASGI middleware around every route, WebSockets included.
+
+In order, for each request:
+1. **Host** (no token set): only a loopback name or the bound address. A web page the user
+   visits can point its own DNS name at 127.0.0.1 (DNS rebinding); its requests then carry
+   that name in `Host`, and are refused.
+2. **Token** (when set): bearer header, the login cookie, or `?token=` once (a browser is
+   redirected to the same address without it, with the cookie set). Every route, every method,
+   the Dash WebSocket too. The cookie never holds the token: it holds an HMAC of the token under
+   a server secret (session.py), and its name carries the port, since browsers send a host's
+   cookies to every port of it. Wrong tokens from one client are answered one at a time, each
+   after a delay that grows with that client's recent failures (guessing is slowed to a crawl).
+3. **Origin**: a browser request that changes state (any method but GET/HEAD/OPTIONS) or opens
+   a WebSocket must come from this collector's own origin. CORS is never enabled.
+4. **Body size**: a `Content-Length` over the limit is answered 413 before a byte of the body
+   is read; a body without one stops being read at the limit (413 again).
+5. **Body silence and drips**: a client that stops sending mid-body gets 408 after
+   `body_timeout_s`; one that keeps sending but slower than `min_body_bytes_per_s` (after a
+   grace of `body_timeout_s`) gets 408 too. Each connection waits on its own; other clients are
+   served meanwhile.
+
+Every response carries headers that forbid framing by other origins and content sniffing, the
+500 of an unexpected error included (answered here, logged in one line plus one traceback per
+kind of error). A client that disconnects mid-body costs one log line.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import time
+from collections import OrderedDict
+from http.cookies import CookieError, SimpleCookie
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import orjson
+
+from .framing import response_headers
+from .login_cookie import session_value
+
+log = logging.getLogger("starvewatch.collector")
+_traced: set[str] = set()  # kinds of internal errors whose traceback was logged already
+SERVICE = "starvewatch"
+COOKIE_PREFIX = "starvewatch_session_"
+FAILED_DELAY_STEP_S = 0.05     # each recent failure of a client adds this much to its next one
+FAILED_DELAY_MAX_S = 2.0
+FAILURES_FORGOTTEN_S = 600.0   # a client without failures for this long starts again from zero
+MAX_TRACKED_CLIENTS = 4096
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SECURITY_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"content-security-policy", b"frame-ancestors 'none'"),
+    (b"referrer-policy", b"no-referrer"),
+)
+
+
+class BodyRefused(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+def host_name(host_header: str) -> str:
+    """The host part of a `Host` header or an origin's netloc (`[::1]:80` -> `::1`)."""
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host.rstrip(".")
+
+
+def is_loopback_name(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _header_text(value: str) -> str:
+    """Header values arrive as latin-1; a token is compared as the UTF-8 text it was set as."""
+    return value.encode("latin-1").decode("utf-8", "surrogateescape")
+
+
+def cookie_name(port: int) -> str:
+    return f"{COOKIE_PREFIX}{port}"
+
+
+def _client_disconnected(exc: BaseException) -> bool:
+    """Starlette's ClientDisconnect, raised alone or inside an ExceptionGroup."""
+    from starlette.requests import ClientDisconnect
+    if isinstance(exc, ClientDisconnect):
+        return True
+    inner = getattr(exc, "exceptions", None)
+    return bool(inner) and all(_client_disconnected(e) for e in inner)
+
+
+class _Failures:
+    """Recent wrong tokens per client address: each next wrong answer waits longer, and one
+    client's guesses are answered one at a time (parallel connections gain nothing)."""
+
+    def __init__(self) -> None:
+        self.clients: OrderedDict[str, list] = OrderedDict()  # address -> [count, last_s, lock]
+
+    async def pause(self, client: str) -> None:
+        now = time.monotonic()
+        entry = self.clients.get(client)
+        if entry is None or now - entry[1] > FAILURES_FORGOTTEN_S:
+            entry = [0, now, asyncio.Lock()]
+        self.clients[client] = entry
+        self.clients.move_to_end(client)
+        while len(self.clients) > MAX_TRACKED_CLIENTS:
+            self.clients.popitem(last=False)
+        async with entry[2]:
+            entry[0] += 1
+            entry[1] = time.monotonic()
+            await asyncio.sleep(min(FAILED_DELAY_MAX_S, FAILED_DELAY_STEP_S * entry[0]))
+
+
+class Guard:
+    def __init__(self, app, settings) -> None:
+        self.app = app
+        self.settings = settings
+        self.token = settings.token.encode() if settings.token else None
+        self.bound_host = host_name(settings.host) if settings.host else ""
+        self.cookie = cookie_name(settings.port)
+        self.session = session_value(settings) if settings.token else None
+        self.failures = _Failures()
+
+    # ---- the checks --------------------------------------------------------------------------
+    def _host_allowed(self, host_header: str | None) -> bool:
+        if self.token is not None:
+            return True  # a rebinding page cannot know the token
+        if not host_header:
+            return False
+        host = host_name(host_header)
+        return is_loopback_name(host) or host == self.bound_host
+
+    def _given_token(self, headers: dict, query: str) -> tuple[str | None, str]:
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            return _header_text(auth[7:].strip()), "header"
+        cookies = SimpleCookie()
+        try:
+            cookies.load(headers.get("cookie", ""))
+        except CookieError:  # a malformed Cookie header: no cookie
+            cookies = SimpleCookie()
+        if self.cookie in cookies:
+            return _header_text(cookies[self.cookie].value), "cookie"
+        for key, value in parse_qsl(query, keep_blank_values=True):
+            if key == "token":
+                return value, "query"
+        return None, ""
+
+    def _token_ok(self, given: str | None, where: str) -> bool:
+        if given is None:
+            return False
+        expected = self.session if where == "cookie" else self.token
+        return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected)
+
+    @staticmethod
+    def _origin_ok(headers: dict) -> bool:
+        origin = headers.get("origin")
+        if origin is None:
+            return True  # not a browser's cross-origin request (browsers always send Origin there)
+        host = headers.get("host", "")
+        parts = urlsplit(origin)
+        return bool(host) and parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+    # ---- ASGI --------------------------------------------------------------------------------
+    async def __call__(self, scope, receive, send):
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        method = scope.get("method", "GET") if kind == "http" else "WEBSOCKET"
+        query = scope.get("query_string", b"").decode("latin-1")
+
+        if not self._host_allowed(headers.get("host")):
+            return await self._refuse(scope, receive, send, 403, "this collector answers to a loopback "
+                                      "address only (Host header refused: DNS rebinding protection)")
+        if self.token is not None:
+            given, where = self._given_token(headers, query)
+            if not self._token_ok(given, where):
+                if given is not None:  # a guess (a missing token is no attempt): slowed
+                    await self.failures.pause((scope.get("client") or ("?",))[0])
+                return await self._refuse(scope, receive, send, 401, "missing or wrong token",
+                                          extra=((b"www-authenticate", b"Bearer"),))
+            if where == "query" and method == "GET":
+                return await self._login_redirect(scope, send, query)
+        if (method not in SAFE_METHODS) and not self._origin_ok(headers):
+            return await self._refuse(scope, receive, send, 403, "cross-origin request refused")
+        if kind == "websocket":
+            return await self.app(scope, receive, send)
+
+        limit = self.settings.max_body_bytes
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                return await self._respond(send, 400, f"bad Content-Length {length[:40]!r}")
+            if int(length) > limit:
+                return await self._respond(send, 413, f"body of {int(length)} bytes is over the limit "
+                                                      f"of {limit}; split the batch")
+        await self._guarded(scope, receive, send, limit)
+
+    async def _guarded(self, scope, receive, send, limit: int) -> None:
+        state = {"read": 0, "done": False, "started": False, "refused": None, "since": None}
+        timeout_s = self.settings.body_timeout_s
+        min_rate = self.settings.min_body_bytes_per_s
+
+        async def limited_receive():
+            if state["done"]:
+                return await receive()  # after the body: the app may wait for a disconnect
+            now = time.monotonic()
+            if state["since"] is None:
+                state["since"] = now
+            # A drip never goes silent for the whole timeout: the body as a whole must arrive
+            # at `min_rate` on average, after a grace of one timeout.
+            rate_left_s = state["since"] + timeout_s + state["read"] / min_rate - now
+            wait_s = min(timeout_s, rate_left_s)
+            try:
+                if wait_s <= 0:
+                    raise asyncio.TimeoutError
+                message = await asyncio.wait_for(receive(), wait_s)
+            except asyncio.TimeoutError:
+                detail = (f"no request data for {timeout_s:g} s" if wait_s == timeout_s else
+                          f"request body slower than {min_rate:g} bytes/s")
+                state["refused"] = BodyRefused(408, detail)
+                raise state["refused"] from None
+            if message["type"] == "http.request":
+                state["read"] += len(message.get("body", b""))
+                if state["read"] > limit:
+                    state["refused"] = BodyRefused(413, f"body is over the limit of {limit} bytes; "
+                                                        f"split the batch")
+                    raise state["refused"]
+                state["done"] = not message.get("more_body", False)
+            else:
+                state["done"] = True
+            return message
+
+        async def secured_send(message):
+            if state["refused"] is not None:
+                return  # the app caught our refusal and answers anyway: ours goes out instead
+            if message["type"] == "http.response.start":
+                state["started"] = True
+                message = dict(message, headers=[*message.get("headers", []),
+                                                 *response_headers(scope, SECURITY_HEADERS)])
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, secured_send)
+        except Exception as exc:
+            # Raised through the app (perhaps inside an ExceptionGroup from a task group):
+            # our refusal of the body answers; a client gone mid-body is one line; any other
+            # error is answered 500 here, with the security headers.
+            if state["refused"] is None:
+                where = f"{scope.get('method')} {scope.get('path', '')[:200]!r}"
+                if _client_disconnected(exc):
+                    log.info("client %s disconnected before sending the whole body of %s",
+                             _client_text(scope), where)
+                    return
+                kind = type(exc).__name__
+                log.error("internal error on %s: %s: %s", where, kind, str(exc)[:300],
+                          exc_info=exc if kind not in _traced else None)  # one traceback per kind
+                _traced.add(kind)
+                if state["started"]:
+                    raise
+                return await self._respond(send, 500, "internal error; the collector's log says which")
+        refused = state["refused"]
+        if refused is not None and not state["started"]:
+            await self._respond(send, refused.status, refused.detail)
+
+    # ---- answers -----------------------------------------------------------------------------
+    async def _respond(self, send, status: int, detail: str, extra=()) -> None:
+        body = orjson.dumps({"service": SERVICE, "detail": detail})
+        # Connection: close, as the unread rest of a refused body must not be taken for the
+        # next request.
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"), *SECURITY_HEADERS, *extra]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _refuse(self, scope, receive, send, status: int, detail: str, extra=()) -> None:
+        if scope["type"] == "http":
+            return await self._respond(send, status, detail, extra)
+        message = await receive()  # websocket.connect
+        if message["type"] != "websocket.connect":
+            return
+        if "websocket.http.response" in scope.get("extensions", {}):
+            return await self._respond(_WebSocketDenial(send), status, detail, extra)
+        await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
+
+    async def _login_redirect(self, scope, send, query: str) -> None:
+        # A browser logs in once with ?token=: a cookie from then on, and the token leaves the
+        # address bar (and the browser's history).
+        rest = urlencode([(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "token"])
+        path = scope.get("raw_path") or scope["path"].encode("utf-8")
+        path = b"/" + path.lstrip(b"/")  # `//host/` would send the browser to another site
+        location = path + (f"?{rest}".encode("latin-1", "replace") if rest else b"")
+        cookie = SimpleCookie()
+        cookie[self.cookie] = self.session.decode("ascii")
+        cookie[self.cookie].update({"httponly": True, "samesite": "Strict", "path": "/",
+                                    "secure": scope.get("scheme") == "https"})
+        await send({"type": "http.response.start", "status": 303, "headers": [
+            (b"location", location), (b"content-length", b"0"),
+            (b"set-cookie", cookie[self.cookie].OutputString().encode("latin-1")), *SECURITY_HEADERS]})
+        await send({"type": "http.response.body", "body": b""})
+
+
+def _client_text(scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "?"
+
+
+class _WebSocketDenial:
+    """Sends an HTTP answer to a WebSocket handshake (the ASGI denial-response extension)."""
+
+    def __init__(self, send) -> None:
+        self.send = send
+
+    async def __call__(self, message):
+        await self.send(dict(message, type=message["type"].replace("http.", "websocket.http.", 1)))

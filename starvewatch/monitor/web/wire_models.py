@@ -1,0 +1,236 @@
+"""Wire models, validated at the collector's boundary (pydantic, strict about numbers)."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from ...ids import ID_PATTERN, NAME_PATTERN, clean_name
+from ...limits import MAX_LIST_RECORDS
+from .json_bounds import free_form_problem
+from ...redact import redact_argv
+from ...schema import EVENTS_SCHEMA
+
+# Bounded so every sum the collector forms stays an exact 64-bit integer (2**53 ns: 104 days).
+NonNegInt = Annotated[int, Field(ge=0, le=2**53)]
+WallNs = Annotated[int, Field(ge=0, le=2**63 - 1)]  # wall-clock ns since the Unix epoch
+Number = Annotated[int | float, Field(ge=-1e300, le=1e300)]
+# Shown to people (escaped wherever shown): printable text.
+# Cleaned first (ids.clean_name: control, format, separator and private-use characters become
+# spaces), as the hooks do: a name never costs a run its data, and never reaches a terminal raw.
+Name = Annotated[str, BeforeValidator(lambda v: clean_name(v, "_")), Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
+# Becomes a directory name, a URL segment, part of a file name: a small character set.
+Id = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
+MAX_BATCH_RECORDS = MAX_LIST_RECORDS["steps"]  # starvewatch/limits.py: the hooks keep within it
+
+
+class Strict(BaseModel):
+    # NaN and inf are refused everywhere: pydantic accepts them unless told not to.
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
+
+
+class StepColumns(Strict):
+    loader: list[Name] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    epoch: list[NonNegInt] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    step: list[NonNegInt] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    start_ns: list[WallNs] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    wait_ns: list[NonNegInt] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    compute_ns: list[NonNegInt] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    other_ns: list[NonNegInt] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    batch_size: list[NonNegInt | None] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+    gpu_idle_ns: list[NonNegInt | None] = Field(default_factory=list, max_length=MAX_BATCH_RECORDS)
+
+    @model_validator(mode="after")
+    def same_length(self) -> "StepColumns":
+        lengths = {name: len(getattr(self, name)) for name in type(self).model_fields}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"step columns differ in length: {lengths}")
+        return self
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
+class LoaderTotalsModel(Strict):
+    steps: NonNegInt = 0
+    epochs: NonNegInt = 0
+    wait_ns: NonNegInt = 0
+    compute_ns: NonNegInt = 0
+    other_ns: NonNegInt = 0
+    epoch_end_wait_ns: NonNegInt = 0
+    samples: NonNegInt = 0
+    samples_known: bool = True
+    dropped_records: NonNegInt = 0
+    wait_probe_ns: NonNegInt = 0
+    wait_probe_cpu_ns: NonNegInt = 0
+    wait_probe_process_cpu_ns: NonNegInt = 0
+    loop_process_cpu_ns: NonNegInt = 0
+    loop_wall_ns: NonNegInt = 0
+    other_loaders_wait_ns: NonNegInt = 0
+    shared_compute_ns: NonNegInt = 0
+
+
+def _bounded_extras(model: BaseModel) -> None:
+    """The free-form part of a record (the fields kept as sent) within json_bounds' limits."""
+    for name, value in (model.__pydantic_extra__ or {}).items():
+        problem = free_form_problem(name, value)
+        if problem is not None:
+            raise ValueError(problem)
+
+
+class Open(Strict):
+    # The fields the collector reads are typed; the rest is kept as sent, within bounds.
+    model_config = ConfigDict(allow_inf_nan=False, extra="allow")
+
+    @model_validator(mode="after")
+    def bounded_free_form(self):
+        _bounded_extras(self)
+        return self
+
+
+class LoaderConfig(Open):
+    num_workers: NonNegInt | None = None
+    batch_size: NonNegInt | None = None
+    prefetch_factor: NonNegInt | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+
+
+class WorkerInfo(Open):
+    id: NonNegInt | Name | None = None
+    pid: NonNegInt | None = None
+    state: Name | None = None
+    batches: NonNegInt | None = None
+    load_ms_mean: Number | None = None
+    cpu_fraction: Number | None = None
+    cpu_pct: Number | None = None
+
+
+class Device(Open):
+    name: Name | None = None
+    gpu_util_pct: Number | None = None
+    mem_used_bytes: Number | None = None
+    mem_total_bytes: Number | None = None
+
+
+class Sample(Open):
+    kind: Name | None = None
+    t_ns: WallNs | None = None
+    cpu_pct: Number | None = None
+    process_cpu_pct: Number | None = None
+    iowait_pct: Number | None = None
+    mem_available_bytes: Number | None = None
+    mem_total_bytes: Number | None = None
+    swap_in_bytes_per_s: Number | None = None
+    swap_out_bytes_per_s: Number | None = None
+    disk_read_bytes_per_s: Number | None = None
+    shm_used_bytes: Number | None = None
+    shm_total_bytes: Number | None = None
+    cpu_count: NonNegInt | None = None
+    usable_cores: NonNegInt | None = None
+    cpu_quota_cores: Number | None = None
+    cgroup_cpu_pct: Number | None = None
+    cgroup_throttled_pct: Number | None = None
+    devices: list[Device] = Field(default_factory=list, max_length=1000)
+
+
+class WorkerSnapshot(Open):
+    t_ns: WallNs | None = None
+    loader: Name | None = None
+    configured_workers: NonNegInt | None = None
+    alive_workers: NonNegInt | None = None
+    queue_depth: Number | None = None
+    queue_capacity: NonNegInt | None = None
+    workers: list[WorkerInfo] = Field(default_factory=list, max_length=10_000)
+
+
+class Stall(Open):
+    t_ns: WallNs | None = None
+    loader: Name
+    rank: NonNegInt | None = None
+    epoch: NonNegInt | None = None
+    step: NonNegInt | None = None
+    started_ns: WallNs
+    ended_ns: WallNs | None = None
+    wait_s: Annotated[float, Field(ge=0, le=1e12)]
+    workers: list[WorkerInfo] = Field(default_factory=list, max_length=10_000)
+
+
+class LoaderInfo(Strict):
+    name: Name
+    kind: str | None = None
+    config: LoaderConfig | None = None
+    totals: LoaderTotalsModel
+
+
+class RunInfo(Strict):
+    model_config = ConfigDict(allow_inf_nan=False, extra="allow")
+    id: Id
+    name: Name
+    started_at: Annotated[float, Field(ge=0)] | None = None
+    ended_at: Annotated[float, Field(ge=0)] | None = None
+    host: str | None = None
+    rank: NonNegInt = 0
+    world_size: Annotated[int, Field(ge=1, le=2**53)] = 1
+
+    @model_validator(mode="after")
+    def hide_secrets(self) -> "RunInfo":
+        _bounded_extras(self)
+        # Hooks from before the redaction, or a hand-made batch: the collector never stores them.
+        extra = self.__pydantic_extra__
+        if extra is not None and isinstance(extra.get("argv"), list):
+            extra["argv"] = redact_argv(extra["argv"])
+        return self
+
+
+class DeliveryAccount(Strict):
+    """Where each step record of one process went so far (issue 13's account): acknowledged
+    by the collector, waiting in the spool, or dropped (counted per reason)."""
+
+    acknowledged: NonNegInt = 0
+    spooled: NonNegInt = 0
+    dropped: dict[Annotated[str, Field(min_length=1, max_length=100)], NonNegInt] = Field(
+        default_factory=dict, max_length=100)
+
+
+class EventBatch(Strict):
+    """One sequence-numbered batch from one process stream (`starvewatch.events/1`)."""
+
+    schema_: Literal[EVENTS_SCHEMA] = Field(alias="schema")
+    run_id: Id
+    rank: NonNegInt = 0
+    stream: Id
+    seq: Annotated[int, Field(ge=1, le=2**53)]
+    sent_at_ns: WallNs | None = None
+    status: Literal["live", "finished"] = "live"
+    run: RunInfo | None = None
+    loaders: list[LoaderInfo] = Field(default_factory=list, max_length=1000)
+    steps: StepColumns = Field(default_factory=StepColumns)
+    phases: list[tuple[Name, NonNegInt, NonNegInt, Name, NonNegInt]] = Field(
+        default_factory=list, max_length=MAX_LIST_RECORDS["phases"])
+    samples: list[Sample] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["samples"])
+    workers: list[WorkerSnapshot] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["workers"])
+    stalls: list[Stall] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["stalls"])
+    drops: dict[str, NonNegInt] = Field(default_factory=dict, max_length=1000)
+    # The sending process's delivery account as it stood when this batch left; the collector
+    # keeps the one of the highest sequence number per stream.
+    delivery: DeliveryAccount | None = None
+    # A part of a batch split to fit the limits (starvewatch/batch_parts.py): the records
+    # [first, end) of the batch's steps, samples, workers and stalls, counted in that order.
+    part: tuple[Annotated[int, Field(ge=0, le=2**53)], Annotated[int, Field(ge=0, le=2**53)]] | None = None
+
+    def record_range(self) -> tuple[int, int]:
+        count = len(self.steps) + len(self.samples) + len(self.workers) + len(self.stalls)
+        return self.part if self.part is not None else (0, count)
+
+    @model_validator(mode="after")
+    def run_matches(self) -> "EventBatch":
+        if self.part is not None and self.part[1] - self.part[0] != \
+                len(self.steps) + len(self.samples) + len(self.workers) + len(self.stalls):
+            raise ValueError(f"part {list(self.part)} does not match the records it carries")
+        for value in (self.run_id, self.stream):
+            if set(value) == {"."}:
+                raise ValueError(f"{value!r} is not an id (it names a directory)")
+        if self.run is not None and self.run.id != self.run_id:
+            raise ValueError(f"run.id {self.run.id!r} differs from run_id {self.run_id!r}")
+        return self
