@@ -92,10 +92,33 @@ def create_app(settings: CollectorSettings | None = None, *,
                ui: Callable[[FastAPI, CollectorSettings], None] | None = None) -> FastAPI:
     """The collector: ingest, API, /metrics. It knows no UI: `ui`, when given, mounts pages on
     the app (the dashboard, composed by `starvewatch serve` in cli.py) before the guard wraps
-    everything, so the guard sees the UI's requests too."""
+    everything, so the guard sees the UI's requests too. The routes come in groups, one
+    function each; `state` holds what the lifespan opened (store, query, importer)."""
     settings = settings or CollectorSettings()
     settings.check()
     state: dict = {}
+    app = FastAPI(title="starvewatch collector", version=__version__, lifespan=_lifespan(state, settings),
+                  docs_url=None, openapi_url="/api/openapi.json", redoc_url=None,
+                  default_response_class=FastJSONResponse)
+    app.state.settings = settings
+    app.state.registry = make_registry(lambda: state.get("query"), settings)
+    _service_routes(app, state)
+    _ingest_routes(app, state, settings)
+    _run_routes(app, state)
+    _run_data_routes(app, state)
+    _tuning_routes(app, state, settings)
+    _export_routes(app, state)
+    _metrics_routes(app)
+    if ui is not None:
+        ui(app, settings)
+    # Added last, so it is the outermost: it sees every request first, the UI's too.
+    app.add_middleware(Guard, settings=settings)
+    return app
+
+
+def _lifespan(state: dict, settings: CollectorSettings):
+    """Opens the store, query layer and spool importer for the app's lifetime, with the
+    background sweeps and the optional exporters; closes them in order at shutdown."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -132,11 +155,11 @@ def create_app(settings: CollectorSettings | None = None, *,
                     pass
             store.close()
 
-    app = FastAPI(title="starvewatch collector", version=__version__, lifespan=lifespan,
-                  docs_url=None, openapi_url="/api/openapi.json", redoc_url=None,
-                  default_response_class=FastJSONResponse)
-    app.state.settings = settings
-    app.state.registry = make_registry(lambda: state.get("query"), settings)
+    return lifespan
+
+
+def _service_routes(app: FastAPI, state: dict) -> None:
+    """Errors as JSON, the API's own docs page and /healthz (how a client knows this is a collector)."""
 
     @app.exception_handler(NotFound)
     async def not_found(request: Request, exc: NotFound):
@@ -152,6 +175,10 @@ def create_app(settings: CollectorSettings | None = None, *,
         return {"service": SERVICE, "version": __version__, "pid": os.getpid(),
                 "events_schema": EVENTS_SCHEMA, "summary_schema": SUMMARY_SCHEMA,
                 "uptime_s": time.time() - state.get("started", time.time())}
+
+
+def _ingest_routes(app: FastAPI, state: dict, settings: CollectorSettings) -> None:
+    """POST /api/v1/ingest: one batch of a run's records, validated at the door, stored whole or not at all."""
 
     @app.post("/api/v1/ingest")
     async def ingest(request: Request):
@@ -172,6 +199,10 @@ def create_app(settings: CollectorSettings | None = None, *,
         state["last_activity"] = time.time()
         return {"stored": stored, "duplicate": not stored, "records": len(batch.steps),
                 "run_url": f"/runs/{batch.run_id}"}
+
+
+def _run_routes(app: FastAPI, state: dict) -> None:
+    """The runs: list, detail, delete, summary and stragglers."""
 
     @app.get("/api/v1/runs")
     def list_runs(status: str | None = Q(None, pattern="^(live|stalled|finished|lost)$"),
@@ -196,6 +227,10 @@ def create_app(settings: CollectorSettings | None = None, *,
     def stragglers(run_id: str):
         state["query"].run_meta(run_id)  # 404 for an unknown run
         return FastJSONResponse(state["query"].stragglers(run_id))
+
+
+def _run_data_routes(app: FastAPI, state: dict) -> None:
+    """A run's recorded data: step pages, series, distributions, worker memory, events."""
 
     @app.get("/api/v1/runs/{run_id}/steps")
     def steps(run_id: str, after: int = Q(0, ge=0, le=INT64_MAX), limit: int = Q(10_000, ge=1, le=100_000),
@@ -231,6 +266,10 @@ def create_app(settings: CollectorSettings | None = None, *,
         return FastJSONResponse({"events": state["query"].events(run_id, kind, since_ns=since_ns, limit=limit,
                                                                  newest=newest)})
 
+
+def _tuning_routes(app: FastAPI, state: dict, settings: CollectorSettings) -> None:
+    """`starvewatch tune` results stored with a run, and read back."""
+
     @app.post("/api/v1/runs/{run_id}/tuning")
     async def store_tuning(run_id: str, request: Request):
         from ...analysis.measured_tuning import TuningDocument
@@ -250,6 +289,10 @@ def create_app(settings: CollectorSettings | None = None, *,
             raise NotFound(f"run {run_id!r} has no tuning results: `starvewatch tune module:factory "
                            f"--run NAME` measures and stores them")
         return FastJSONResponse(document)
+
+
+def _export_routes(app: FastAPI, state: dict) -> None:
+    """A run as a file: JSON, CSV (streamed), Markdown or HTML."""
 
     @app.get("/api/v1/runs/{run_id}/export")
     def export_run(run_id: str, format: str = Q("json", pattern="^(json|csv|md|html)$")):
@@ -271,17 +314,14 @@ def create_app(settings: CollectorSettings | None = None, *,
             raise NotFound(str(exc)) from None
         return Response(body, media_type=f"{media}; charset=utf-8", headers=headers)
 
+
+def _metrics_routes(app: FastAPI) -> None:
+    """/metrics: the live runs' figures for Prometheus."""
+
     @app.get("/metrics")
     def metrics():
         body, content_type = render(app.state.registry)
         return PlainTextResponse(body, media_type=content_type)
-
-    if ui is not None:
-        ui(app, settings)
-
-    # Added last, so it is the outermost: it sees every request first, the UI's too.
-    app.add_middleware(Guard, settings=settings)
-    return app
 
 
 def _start_exporters(settings: CollectorSettings, get_query) -> list:
