@@ -156,7 +156,7 @@ def test_sqlite_keeps_to_its_bound_whatever_the_number_of_reading_threads():
 
 ARENAS = r"""
 import ctypes, json, re, sys, tempfile, threading
-from starvewatch.monitor import memory
+from starvewatch.monitor.web import resident_memory as memory
 limited = memory.limit_arenas() if sys.argv[1] == "limit" else False
 libc = ctypes.CDLL("libc.so.6")
 libc.fopen.restype = ctypes.c_void_p
