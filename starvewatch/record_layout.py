@@ -54,13 +54,14 @@ class Segment:
     reads hold (n - 1) // 2 closed steps. `final` is set by the training thread after its
     last append; whoever reads it first and the length second has seen every read."""
 
-    __slots__ = ("key", "base", "batch_size", "times", "final", "taken", "owner")
+    __slots__ = ("key", "base", "batch_size", "times", "final", "taken", "owner", "room")
 
-    def __init__(self, key, base: int, batch_size, times: list, owner) -> None:
+    def __init__(self, key, base: int, batch_size, times: list, owner, room: int = 0) -> None:
         self.key, self.base, self.batch_size, self.times = key, base, batch_size, times
         self.final = False
         self.taken = 0  # closed steps already turned into records
         self.owner = owner  # a weak reference to the iterator, to ask it to start a new segment
+        self.room = room  # the most reads it may get (the buffer's room it was given)
 
     def wait_before(self, t: int) -> tuple | None:
         """(key, t_call, t_return, wait ns) of the step whose batch came back by `t` but

@@ -164,3 +164,46 @@ def test_a_single_record_over_the_limit_is_dropped_and_counted(shared_collector,
         delivery.transport.close()
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("refusals", ["once", "always"])
+def test_a_chunk_the_pipeline_refuses_is_shipped_later_or_counted(memory_run, monkeypatch, refusals):
+    """Issue 33 item 3: the shipper advanced its position in the backlog before handing the
+    chunk to the pipeline; when `add()` raised, that chunk was neither delivered, spooled nor
+    counted (500 of 5,000 steps vanished). Refused once, the chunk goes first into the next
+    cycle; refused every time, it is dropped after a few tries under `shipper_error`, its
+    steps counted in the summary: steps run = summary steps = acknowledged + spooled + dropped."""
+    from starvewatch.record_layout import STEP_RECORD_LENS, expand_reads
+    session, transport = memory_run
+    pipeline = session.shipper.pipeline
+    original, refused = pipeline.add, []
+
+    def add(records, names):
+        steps = [r[1] for r in expand_reads(records) if len(r) in STEP_RECORD_LENS]
+        if 2500 in steps and (refusals == "always" or not refused):
+            refused.append(len(steps))
+            raise RuntimeError("planted: the pipeline refuses this chunk")
+        return original(records, names)
+
+    monkeypatch.setattr(pipeline, "add", add)
+    from starvewatch.hooks.delivery import shipper
+    monkeypatch.setattr(shipper, "SEGMENT_TAKE_STEPS", 500)  # chunks of one record of 500 steps:
+    monkeypatch.setattr(pipeline, "chunk", 1)                # one of ten refused, as in the issue
+    n = 0
+    for _ in starvewatch.watch(range(5000), name="train"):
+        n += 1
+    summary = starvewatch.finish()
+    account = summary["delivery"]
+    shipped = [s for _, _, s in shipped_steps(transport)]
+    assert refused and n == 5000 and summary["loaders"][0]["steps"] == n
+    assert account["acknowledged"] + account["spooled"] + sum(account["dropped"].values()) == n, account
+    assert account["acknowledged"] == len(shipped) == len(set(shipped))
+    if refusals == "once":
+        assert len(refused) == 1 and account["dropped"] == {} and sorted(shipped) == list(range(n))
+    else:
+        from starvewatch.hooks.delivery.shipper import CHUNK_TRIES
+        assert len(refused) == CHUNK_TRIES and account["dropped"] == {"shipper_error": refused[0]}
+        assert refused[0] <= 500 and 2500 not in shipped and len(shipped) == n - refused[0]
+        missing = sorted(set(range(n)) - set(shipped))  # the refused chunk's steps, and only those
+        assert 2500 in missing and missing == list(range(missing[0], missing[0] + refused[0]))
+    assert any("planted" in error for error in session.shipper.errors)  # said, not swallowed

@@ -247,8 +247,8 @@ def test_full_buffer_drops_and_counts_but_totals_stay_exact(memory_run):
 
 def test_a_segment_ended_before_the_shipper_took_it_does_not_hold_the_loop_on_the_general_path(memory_run):
     """The sampler's CPU probe (or the shipper's rotation) ends a segment whose last steps the
-    shipper has not taken yet: the next batch starts a new segment at once. Only a second end
-    before the shipper took the first keeps the general path (the memory bound), until it has."""
+    shipper has not taken yet: the next batch starts a new segment at once, again and again,
+    while the buffer has room for the reads of every segment not taken yet."""
     from starvewatch.hooks import loader as hot_path
     session, transport = memory_run
     session.shipper._stop_requested.set()  # this test runs the cycles itself, at known points
@@ -258,21 +258,49 @@ def test_a_segment_ended_before_the_shipper_took_it_does_not_hold_the_loop_on_th
     paths = []  # after each batch: is the next one on the fast path?
     for i, _ in enumerate(iterator):
         paths.append(type(iterator) is hot_path.FastWatchedIterator)
-        if i in (100, 200):
+        if i in (100, 200, 300):
             iterator.probe_cpu()  # as the sampler thread does: one step on the general path
         if i == 250:
             session.shipper.cycle()
-    # the probed step 101 started a new segment at once, though the shipper had taken nothing
-    assert all(paths[5:201])
-    # a second end while the first segment is still untaken: the general path, until the
-    # shipper's cycle has taken both
-    assert not any(paths[201:251]) and all(paths[251:])
+    # each probed step started a new segment at once, though the shipper had taken nothing
+    assert all(paths[5:]) and len(session.segments) >= 2
     del iterator
     session.shipper.cycle()
     session.shipper = type(session.shipper)(session, session.shipper.pipeline)  # fresh, not started
     summary = starvewatch.finish()
     assert [s for _, _, s in shipped_steps(transport)] == list(range(400))
     assert summary["loaders"][0]["steps"] == 400 and summary["loaders"][0]["dropped_records"] == 0
+
+
+@pytest.mark.parametrize("rewatch", [False, True])
+def test_epochs_before_the_shipper_took_them_share_one_buffer_of_room(memory_run, rewatch):
+    """Issue 42: every epoch's first segment got the buffer's whole room again, whatever the
+    segments of the epochs before still held untaken (each is one item of the buffer), so a
+    loop iterated (or watched) again faster than the shipper cycles held a buffer's worth of
+    steps per epoch. The room is now shared: the untaken reads stay within twice the capacity
+    (two per step) and the rest goes to the general path, which counts what the full buffer
+    drops; every step is shipped or counted."""
+    session, transport = memory_run
+    session.shipper._stop_requested.set()  # no cycle until the loops are over
+    session.shipper._wake.set()
+    session.shipper.join(5)
+    capacity = 100
+    session.settings.buffer_capacity = capacity
+    data = list(range(80))
+    watched = starvewatch.watch(data, name="train")
+    for _ in range(5):
+        for _ in (starvewatch.watch(data, name="train") if rewatch else watched):
+            pass
+        untaken = sum(len(s.times) - 2 * s.taken for s in session.buffer if type(s).__name__ == "Segment")
+        assert untaken <= 2 * capacity, untaken  # before: 160 more reads each epoch
+        assert len(session.buffer) <= capacity + 5  # (the epochs' end marks)
+    session.shipper = type(session.shipper)(session, session.shipper.pipeline)  # fresh, not started
+    summary = starvewatch.finish()
+    loader = summary["loaders"][0]
+    dropped = summary["delivery"]["dropped"]
+    assert loader["steps"] == 400 and set(dropped) <= {"buffer_full"}
+    assert loader["dropped_records"] == dropped.get("buffer_full", 0) > 0
+    assert len(shipped_steps(transport)) == summary["delivery"]["acknowledged"] == 400 - loader["dropped_records"]
 
 
 def test_fast_path_segments_rotate_and_every_step_arrives_once_in_order(memory_run, monkeypatch):

@@ -71,7 +71,7 @@ class WatchedIterator:
                  "_t_call", "_t_ret", "_extra_wait", "_open", "_marked", "_excluded", "_step_ns",
                  "_step_used", "_in_step", "_phases", "_bs", "_first", "_probe_bs", "_startup",
                  "_parents", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
-                 "_cpu_probe", "_times", "_segment", "_reads_left", "_last_segment", "_older_segment", "_t_wait",
+                 "_cpu_probe", "_times", "_segment", "_reads_left", "_t_wait",
                  "_spans", "_active", "__weakref__")
 
     # What a segment's clock reads are kept in: a list (the Python core) or the compiled core's
@@ -110,8 +110,6 @@ class WatchedIterator:
         self._times = None  # the fast path's clock reads (a Segment's list) while it runs
         self._segment = None
         self._reads_left = 0  # how long that list may grow: the buffer's room, in clock reads
-        self._last_segment = None  # the one before, until the shipper has taken all of it
-        self._older_segment = None  # the one before that, while the shipper has not taken all of it
         self._t_wait = 0  # when the general path's next() began, while it runs (else 0)
         active = self._active = ACTIVE.stack()  # this thread's: _end may run on another one
         # The innermost steps open on this thread (one loader's, or those of loaders advanced
@@ -196,27 +194,32 @@ class WatchedIterator:
     def _enter_fast(self) -> None:
         """From the next batch on, the fast path: clock reads into a new Segment's list, as
         many as the buffer has room for (two per step). A loop whose shipper does not keep up
-        stays on the general path, which drops and counts, until the shipper took the last
-        segment: so the memory held stays bounded by twice the buffer's capacity.
+        stays on the general path, which drops and counts, until the shipper has taken enough
+        of the segments: so the memory held stays bounded by twice the buffer's capacity.
 
-        The last segment need not be taken yet, only the one before it: the new one then holds
-        at most the room left beside the last one's untaken reads, the same bound. Waiting for
-        the last one (ended by the shipper's rotation or the sampler's CPU probe, while the
+        The room is the buffer's less the reads that every segment of this buffer holds and
+        the shipper has yet to take (a running one: as many as it may still get): this
+        epoch's earlier ones, those of the epochs before (a loader iterated or watched again
+        before the shipper took the last one: each new epoch used to get the whole room
+        again, issue 42) and the other loaders'. The last segment need not be taken yet:
+        waiting for it (ended by the shipper's rotation or the sampler's CPU probe, while the
         shipper was cycling) ran about half of a fast loop's batches on the general path."""
-        room = 2 * (self._capacity - len(self._buffer))  # in clock reads
-        last = self._last_segment
-        if last is not None and not last.done():
-            older = self._older_segment
-            if older is not None and not older.done():
-                return
-            room -= len(last.times) - 2 * last.taken  # its reads the shipper has yet to take
-        else:
-            last = None
+        segments = self._state.segments
+        held = 0
+        for segment in segments[:]:  # a copy: another thread's loader may change the list
+            if segment.done():
+                try:
+                    segments.remove(segment)
+                except ValueError:  # that other thread removed it first
+                    pass
+            else:  # (final read before the length: a final segment gets no more reads)
+                held += (len(segment.times) if segment.final else segment.room) - 2 * segment.taken
+        room = 2 * (self._capacity - len(self._buffer)) - held  # in clock reads
         if room < 2:
             return
-        self._older_segment, self._last_segment = last, None
         times = self._new_times((self._t_call, self._t_ret))  # the open step is the segment's first
-        segment = Segment(self._key, self._step, self._bs, times, self._wref)
+        segment = Segment(self._key, self._step, self._bs, times, self._wref, room)
+        segments.append(segment)
         self._buffer.append(segment)  # the shipper finds it in order with this loader's records
         self._times, self._segment, self._reads_left = times, segment, room
         self.__class__ = FastWatchedIterator
@@ -226,7 +229,6 @@ class WatchedIterator:
         step and clocks the general path keeps, from the segment's reads; the segment is final."""
         segment, times = self._segment, self._times
         self._segment = self._times = None
-        self._last_segment = segment
         n = len(times)
         self._step = segment.base + (n - 1) // 2
         if n % 2 == 0:  # the last step is open (called and returned): the general path closes it

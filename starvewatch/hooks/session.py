@@ -20,7 +20,7 @@ from . import cuda
 from .core import take_notice as take_core_notice
 from .identity import default_run_name, rank_info, run_id_for, run_metadata
 from .introspect import dataloader_config, is_torch_dataloader, wrapped_loader
-from .delivery.account import Warnings
+from .delivery.account import Warnings, add_accounts
 from .delivery.records import LocalPipeline, with_buffer_drops
 from .delivery.shipper import Shipper
 from .delivery.sidecar_link import SidecarLink, SidecarPipeline
@@ -45,7 +45,7 @@ class LoaderState:
     """Everything the hot path touches for one loader, bound to one session."""
 
     __slots__ = ("session", "name", "index", "totals", "config", "fixed_batch_size", "buffer",
-                 "capacity", "current", "kind", "board")
+                 "segments", "capacity", "current", "kind", "board")
 
     def __init__(self, session: "Session", name: str, index: int, config: dict | None,
                  fixed_batch_size: int | None, kind: str) -> None:
@@ -57,6 +57,7 @@ class LoaderState:
         self.config = config
         self.fixed_batch_size = fixed_batch_size
         self.buffer = session.buffer
+        self.segments = session.segments
         self.capacity = session.settings.buffer_capacity
         self.current = None
         self.kind = kind
@@ -101,6 +102,9 @@ class Session:
         # A list, not a deque: the shipper takes a chunk with one slice and one `del` (C-level,
         # ~2 ns a record) where popping a deque one record at a time costs ~35 ns a record.
         self.buffer: list = []
+        # The fast path's segments (in the buffer, or taken from it) whose reads the shipper has
+        # not all taken: with the buffer's length, what bounds the reads the next one may get.
+        self.segments: list = []
         self.loaders: dict[str, LoaderState] = {}
         self.loader_list: list[LoaderState] = []
         self.live_iterators: weakref.WeakSet = weakref.WeakSet()
@@ -236,7 +240,8 @@ class Session:
     def summary(self) -> dict:
         from ..analysis.summary import LoaderData, summarize
         book = self.shipper.book()
-        loaders = [LoaderData(name=s.name, config=s.config, totals=book.merged(s.index, s.totals),
+        shipper = self.shipper
+        loaders = [LoaderData(name=s.name, config=s.config, totals=book.merged(s.index, shipper.counted(s)),
                               records=book.stats.get(s.index), ranks=[self.rank])
                    for s in self.loader_list]
         run = {k: v for k, v in self.metadata().items()}
@@ -247,8 +252,9 @@ class Session:
         summary = summarize(run, loaders, stalls=self.stalls, system=overview(history, rank=self.rank),
                             worker_events=[e for kind, e in history if kind == "workers"])
         # Where every step record went: acknowledged + spooled + dropped = the steps run.
-        summary["delivery"] = with_buffer_drops(self.shipper.pipeline.account(),
-                                                [s.describe(s.totals) for s in self.loader_list])
+        summary["delivery"] = add_accounts(with_buffer_drops(shipper.pipeline.account(),
+                                                             [s.describe(s.totals) for s in self.loader_list]),
+                                           shipper.lost_account())
         return summary
 
 
@@ -467,13 +473,20 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         session.ended_at = time.time()
         for sampler in session.samplers:
             sampler.stop()
-        done = session.shipper.stop(session.settings.flush_timeout_s + 1.0)
-        if not done:
+        shipper = session.shipper
+        done = shipper.stop(session.settings.flush_timeout_s + 1.0)
+        progress = shipper.progress()
+        while not done:
             # Network waits in the final cycle are bounded by the flush deadline; what is left
             # is CPU work on the last records, which the summary and the account need. On an
-            # overloaded machine it takes longer: wait for it rather than report a summary
-            # without the last steps (the collector would then hold more than finish() said).
-            done = session.shipper.wait(FINISH_GRACE_S)
+            # overloaded machine, or with a backlog of millions of steps (a fast loop iterated
+            # again, issue 42), it takes longer: wait for it while it gets on, rather than
+            # report a summary without the last steps (uncounted: the collector would then
+            # hold more than finish() said). The backlog is bounded (the buffer's capacity).
+            done = shipper.wait(FINISH_GRACE_S)
+            if done or shipper.progress() == progress:
+                break
+            progress = shipper.progress()
         if done and session.transport is not None:
             session.transport.close()
         if session.sidecar is not None:

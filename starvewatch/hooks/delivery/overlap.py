@@ -43,7 +43,8 @@ class _Lane:
     __slots__ = ("blocks", "horizon", "marked_from", "marked_from_before", "newest", "kept", "view")
 
     def __init__(self) -> None:
-        # (newest time in it, wait ends, wait ns, calls, from marks, keys), oldest first
+        # (newest time in it, wait ends, wait ns, calls, from marks, keys, oldest time in it),
+        # oldest first
         self.blocks: list[tuple] = []
         self.horizon = 0  # the last cycle's horizon: a step that began after it may come
         self.marked_from = INF  # the earliest start of a step in progress, this cycle's marks
@@ -102,7 +103,7 @@ class Lanes:
         n = len(keys)
         shared, taken = [0] * n, [0] * n
         for lane_id, positions in self._by_lane(keys).items():
-            self._subtract(self.lanes[lane_id], positions, t_rets, t_ends, computes, others, nested,
+            self._subtract(self.lanes[lane_id], positions, keys, t_rets, t_ends, computes, others, nested,
                            shared, taken)
         return computes, others, shared, taken
 
@@ -140,16 +141,29 @@ class Lanes:
     def _add_block(self, lane: _Lane, ends: list, lane_waits: list, calls: list, from_marks: bool,
                    keys: set) -> None:
         newest = max(max(ends, default=0), max(calls, default=0))
-        lane.blocks.append((newest, ends, lane_waits, calls, from_marks, keys))
+        oldest = min(min(ends, default=newest), min(calls, default=newest))
+        lane.blocks.append((newest, ends, lane_waits, calls, from_marks, keys, oldest))
         lane.kept += len(ends)
         lane.view = None
         if newest > lane.newest:
             lane.newest = newest
 
-    def _subtract(self, lane, positions, t_rets, t_ends, computes, others, nested, shared, taken) -> None:
-        lane_keys = set().union(*map(itemgetter(5), lane.blocks))
-        if len(lane_keys) < 2:
-            return  # one loader (one epoch) on this thread: nothing to take out
+    def _subtract(self, lane, positions, keys, t_rets, t_ends, computes, others, nested, shared, taken) -> None:
+        if not positions:
+            return
+        # Only the waits that end, and the calls made, inside a step's (return, next call]
+        # change it: a block wholly outside the chunk's steps changes none of them. A step's
+        # own loader and epoch never waits or calls inside it, so with one key among the
+        # steps and the blocks that overlap them there is nothing to take out. Epochs of one
+        # loader that follow each other (a loader iterated again, watched again) land here:
+        # building the view for them cost a sort of every kept wait per batch (issue 42).
+        if isinstance(positions, range):  # the whole chunk (one lane): C-level over the lists
+            lo, hi, step_keys = min(t_rets), max(t_ends), set(keys)
+        else:
+            lo, hi = min(map(t_rets.__getitem__, positions)), max(map(t_ends.__getitem__, positions))
+            step_keys = set(map(keys.__getitem__, positions))
+        if len(step_keys.union(*(block[5] for block in lane.blocks if block[6] <= hi and block[0] > lo))) < 2:
+            return  # one loader (one epoch) in this stretch of this thread: nothing to take out
         if lane.view is None:
             ends, lane_waits, marked = [], [], {}
             for block in lane.blocks:

@@ -63,11 +63,14 @@ def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict
     records = expand_reads(records)
     n = len(records)
     col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
+    full = _positions(list(map(len, records)), FULL_RECORD_LEN)
+    if n and len(full) == n:  # only the general path's: a loop its shipper fell behind (issue 42)
+        return _full_columns(records, names, wall_offset_ns, marks)
     t_call, t_ret, t_end = col(2), col(3), col(4)
     waits, computes = list(map(sub, t_ret, t_call)), list(map(sub, t_end, t_ret))
     others, gpus, phases = [0] * n, [None] * n, []
     nested: dict[int, tuple] = {}  # position -> (nested spans, start-up ns, epoch start)
-    for i in _positions(list(map(len, records)), FULL_RECORD_LEN):
+    for i in full:
         r = records[i]
         waits[i], computes[i], others[i], gpus[i] = r[R_WAIT], r[R_COMPUTE], r[R_OTHER], r[R_GPU]
         t_ret[i], t_end[i] = r[R_RET], r[R_END]
@@ -76,6 +79,37 @@ def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict
             nested[i] = (r[R_SPANS], startup, r[R_EPOCH_START])
         if r[R_PHASES]:
             phases += [[names[r[0][0]], r[0][1], r[1], name, ns] for name, ns in r[R_PHASES].items()]
+    return _columns_of(records, names, wall_offset_ns, marks, t_call, t_ret, t_end, waits, computes,
+                       others, gpus, phases, nested)
+
+
+def _full_columns(records: list[tuple], names: list[str], wall_offset_ns: int, marks: list) -> dict:
+    """`columns` of general-path records only, by C-level maps too: a loop whose shipper
+    fell behind runs its steps on the general path, up to a whole buffer of them, and a
+    Python step per record made the final cycle of 2 x 10^6 steps take seconds more."""
+    col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
+    t_call, waits, t_ret = col(R_START), col(R_WAIT), col(R_RET)
+    phases: list = []
+    nested: dict[int, tuple] = {}
+    spans = col(R_SPANS)
+    startups = list(map(sub, waits, map(sub, t_ret, t_call)))  # iter()'s, in a first step's wait
+    if spans.count(None) != len(spans) or max(startups) > 0:
+        for i, (span, startup) in enumerate(zip(spans, startups)):
+            if span or startup > 0:
+                nested[i] = (span, startup, records[i][R_EPOCH_START])
+    step_phases = col(R_PHASES)
+    if step_phases.count(None) != len(step_phases):
+        for r in records:
+            if r[R_PHASES]:
+                phases += [[names[r[0][0]], r[0][1], r[1], name, ns] for name, ns in r[R_PHASES].items()]
+    return _columns_of(records, names, wall_offset_ns, marks, t_call, t_ret, col(R_END), waits,
+                       col(R_COMPUTE), col(R_OTHER), col(R_GPU), phases, nested)
+
+
+def _columns_of(records, names, wall_offset_ns, marks, t_call, t_ret, t_end, waits, computes, others, gpus,
+                phases, nested) -> dict:
+    n = len(records)
+    col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
     keys = col(0)
     distinct = set(keys)
     if len(distinct) == 1:  # one loader, one epoch: the usual case
@@ -196,6 +230,7 @@ class LocalPipeline:
         # What a sidecar settled before this pipeline took over (acknowledged and dropped; the
         # spool's part is read from the spool itself).
         self.inherited = empty_account()
+        self.chunks_added = 0  # (progress that finish() waits for: shipper.progress)
 
     def pending(self) -> int:
         return self._pending
@@ -204,6 +239,7 @@ class LocalPipeline:
         cols = columns(records, names, self.wall_offset_ns)
         self._chunks.append(cols)
         self._pending += len(cols["step"])
+        self.chunks_added += 1
 
     def _settled_batch(self) -> dict | None:
         """The chunks added since the last send, settled (records.settle), in the book, as

@@ -5,6 +5,7 @@ sequence-numbered batches. Its cycle runs on the sampler thread while the sideca
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -12,8 +13,9 @@ from ...limits import MAX_STEP_RECORDS
 from ...logonce import RateLimitedLog
 from ...schema import EVENTS_SCHEMA
 from ..cuda import PENDING
-from ...record_layout import (ENDED_KEYS, READS_RECORD_LEN, R_GPU, Segment, count_steps, reads_steps,
-                              record_end, record_wait)
+from ...record_layout import (ENDED_KEYS, READS_RECORD_LEN, R_GPU, STEP_RECORD_LENS, Segment, count_steps,
+                              reads_steps, record_end, record_wait)
+from ...stats import LoaderTotals
 from .account import quiet_console
 from .overlap import lane_of
 from .records import RecordBook
@@ -27,6 +29,8 @@ DRIVEN_WAKE_S = 5.0         # while the sampler runs the cycles, this thread che
 # started, so no list holds more than about one cycle of a loop's clock reads.
 SEGMENT_ROTATE_READS = 8192
 SEGMENT_TAKE_STEPS = 4096  # steps per reads record: the sidecar's batches stay small
+CHUNK_TRIES = 3  # a chunk the pipeline refuses is retried in the next cycles, then counted lost
+FINAL_TRIES = CHUNK_TRIES + 1  # final cycles before giving up: enough to count such a chunk
 
 _errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
 
@@ -61,6 +65,9 @@ class Shipper(threading.Thread):
         self._carried: list = []
         self._multi_lanes: set = set()  # threads with steps of several loaders (or epochs) last cycle
         self.shipped_records = 0
+        self.lost_steps: dict[int, int] = {}  # loader index -> steps of chunks dropped here (see _add)
+        self._add_failures = 0  # the chunk at the front failed this many times in a row
+        self._chunks_done = 0  # (progress(): finish() waits for a final cycle that gets on)
         self.errors: list[str] = []
         quiet_console(session.settings.quiet)
 
@@ -82,11 +89,22 @@ class Shipper(threading.Thread):
             if woken or time.monotonic() - self.last_cycle_at >= 0.9 * interval:
                 self._locked_cycle(blocking=True)
         try:
-            self._locked_cycle(blocking=True, final=True)
-        except Exception as exc:
-            self._note_error(f"final flush: {exc!r}")
+            self._final_cycles(lambda: self._locked_cycle(blocking=True, final=True))
         finally:
             self._done.set()
+
+    def _final_cycles(self, cycle) -> None:
+        """The final cycle, again while one that failed left records to ship (a chunk the
+        pipeline refused goes back to the front; the third refusal counts it lost): a
+        failure must not lose what the flush had not handed on yet."""
+        for _ in range(FINAL_TRIES):
+            try:
+                cycle()
+                return
+            except Exception as exc:
+                self._note_error(f"final flush: {exc!r}")
+                if not (self._carried or self.session.buffer or self._pending_gpu):
+                    return
 
     def drive(self) -> None:
         """From the sampler thread, right after its tick: run the cycle there when one is
@@ -118,8 +136,10 @@ class Shipper(threading.Thread):
         self._wake.set()
         if not self.is_alive() and not self._done.is_set():
             # Never started (or died): flush on the caller's thread.
-            self.cycle(final=True)
-            self._done.set()
+            try:
+                self._final_cycles(lambda: self.cycle(final=True))
+            finally:
+                self._done.set()
         return self._done.wait(timeout_s)
 
     def wait(self, timeout_s: float) -> bool:
@@ -234,7 +254,10 @@ class Shipper(threading.Thread):
                 ready.append(rec)
                 continue
             while True:
-                result = timer.resolve(token) if timer is not None else None
+                try:
+                    result = timer.resolve(token) if timer is not None else None
+                except Exception:  # no measurement for this step, as for a failed event (cuda.py)
+                    result = None
                 if result is not PENDING:
                     ready.append(rec[:R_GPU] + (result,) + rec[R_GPU + 1:])
                     break
@@ -262,6 +285,7 @@ class Shipper(threading.Thread):
         marks, backlog = self._take(len(session.buffer), final)
         left, start = len(backlog), 0
         sent = False
+        chunk: list[tuple] = []  # taken from the backlog, not yet handed to the pipeline
         try:
             while True:
                 n = min(pipeline.chunk, left)
@@ -271,18 +295,20 @@ class Shipper(threading.Thread):
                 n = len(records) if pipeline.pending() + len(records) <= limit and \
                     count_steps(records) <= limit - pipeline.pending() else \
                     _records_within(records, limit - pipeline.pending())
-                records = records[:n]
+                records = chunk = records[:n]
                 left -= n
                 start += n
                 if self._pending_gpu or (records and session.gpu_timer_if_any() is not None):
-                    records = self._resolve_gpu(records, final and left <= 0)
+                    records = chunk = self._resolve_gpu(records, final and left <= 0)
                     # held back for their GPU events: their waits go now (overlap.py)
                     marks += [record_wait(held) + ("open",) for _, held in self._pending_gpu
                               if lane_of(held[0]) in self._multi_lanes]
-                if marks:  # with the cycle's first chunk
+                if marks:  # with the cycle's first chunk (not re-queued with it: the cycle's own)
                     records, marks = marks + records, []
                 if records:
-                    pipeline.add(records, [state.name for state in session.loader_list])
+                    self._add(records, [state.name for state in session.loader_list])
+                chunk = []
+                self._chunks_done += 1
                 if pipeline.pending() and (pipeline.pending() >= limit or left <= 0):
                     self._send(extra, final and left <= 0, deadline)
                     extra, sent = {}, True
@@ -290,8 +316,11 @@ class Shipper(threading.Thread):
                     break
                 time.sleep(0)  # the training thread runs between chunks
         except BaseException:
-            # Chunks not handed to the pipeline go back to the front, for the next cycle.
-            session.buffer[0:0] = backlog[start:]
+            # The chunk that failed and those after it go first into the next cycle, before
+            # the carried segments' later reads (each loader's steps stay in order). Its
+            # position had advanced already: it used to be neither delivered, spooled nor
+            # counted (issue 33).
+            self._carried[0:0] = chunk + backlog[start:]
             raise
         heartbeat_due = time.monotonic() - self._last_sent >= HEARTBEAT_S
         if not sent and (extra or final or not self._meta_sent or heartbeat_due):
@@ -308,6 +337,46 @@ class Shipper(threading.Thread):
                 pipeline.replay()
         except TransportError as exc:
             self._note_error(str(exc))
+
+    def _add(self, records: list[tuple], names: list[str]) -> None:
+        """pipeline.add(); a chunk it refused CHUNK_TRIES times (never seen; a record shape
+        nobody foresaw) is dropped and counted under `shipper_error`, with its steps in the
+        loader's totals, rather than retried forever or lost without a count."""
+        try:
+            self.pipeline.add(records, names)
+        except Exception:
+            self._add_failures += 1
+            if self._add_failures < CHUNK_TRIES:
+                raise
+            self._add_failures = 0
+            for record in records:
+                steps = reads_steps(record) if len(record) == READS_RECORD_LEN else \
+                    1 if len(record) in STEP_RECORD_LENS else 0
+                if steps:
+                    self.lost_steps[record[0][0]] = self.lost_steps.get(record[0][0], 0) + steps
+            self._note_error(f"cycle: a chunk refused {CHUNK_TRIES} times was dropped: {sys.exc_info()[1]!r}")
+            return
+        self._add_failures = 0
+
+    def counted(self, state) -> "LoaderTotals":
+        """A loader's totals as the hot path counted them, plus its steps dropped here."""
+        lost = self.lost_steps.get(state.index, 0)
+        if not lost:
+            return state.totals
+        totals = LoaderTotals.from_dict(state.totals.to_dict())
+        totals.steps += lost
+        return totals
+
+    def lost_account(self) -> dict:
+        """The steps dropped here, as a delivery account (account.py)."""
+        lost = sum(self.lost_steps.values())
+        return {"dropped": {"shipper_error": lost}} if lost else {}
+
+    def progress(self) -> tuple:
+        """Changes while the shipper gets on with its work (records handed on, batches built),
+        here or in the pipeline's own process-local work (a take-over from the sidecar)."""
+        local = getattr(self.pipeline, "local", self.pipeline)
+        return self._chunks_done, self._seq, getattr(local, "chunks_added", 0)
 
     def _send(self, extra: dict, final: bool, deadline: float | None) -> None:
         self.shipped_records += self.pipeline.send(self._header(extra, final), deadline)
@@ -329,7 +398,7 @@ class Shipper(threading.Thread):
             "seq": self._seq,
             "sent_at_ns": time.time_ns(),
             "status": "finished" if final and not session.active else "live",
-            "loaders": [state.describe(state.totals) for state in session.loader_list],
+            "loaders": [state.describe(self.counted(state)) for state in session.loader_list],
             "drops": {**self.pipeline.dropped(), "events": session.dropped_events},
             **extra,
         }
