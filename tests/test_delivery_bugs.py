@@ -207,3 +207,28 @@ def test_a_chunk_the_pipeline_refuses_is_shipped_later_or_counted(memory_run, mo
         missing = sorted(set(range(n)) - set(shipped))  # the refused chunk's steps, and only those
         assert 2500 in missing and missing == list(range(missing[0], missing[0] + refused[0]))
     assert any("planted" in error for error in session.shipper.errors)  # said, not swallowed
+
+
+def test_a_cuda_event_that_fails_to_resolve_loses_no_step(monkeypatch, memory_run):
+    """Issue 33 item 3, the GPU side: the events are resolved between the chunk's taking and
+    `add()`; a resolution that raised lost the chunk (and the records held for their events).
+    Now that step has no GPU measurement, as a failed event has, and every step arrives."""
+    session, transport = memory_run
+    gpu = FakeGpu()
+    monkeypatch.setattr(cuda, "detect_event_factory", lambda: gpu.event)
+    timer = session._gpu_timer = cuda.CudaEventTimer(gpu.event, pool_size=64)
+    original, failures = timer.resolve, []
+
+    def resolve(pair):
+        if not failures:
+            failures.append(pair)
+            raise RuntimeError("planted: the event's query failed")
+        return original(pair)
+
+    monkeypatch.setattr(timer, "resolve", resolve)
+    for _ in starvewatch.watch(range(500), name="train"):
+        pass
+    summary = starvewatch.finish()
+    assert failures and summary["loaders"][0]["steps"] == 500
+    assert summary["delivery"] == {"acknowledged": 500, "spooled": 0, "dropped": {}}
+    assert shipped_steps(transport) == [("train", 0, i) for i in range(500)]

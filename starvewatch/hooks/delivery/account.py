@@ -7,7 +7,8 @@ is what its files hold right now. Reasons: `spool_full` (the oldest batches made
 error), `rejected` (the collector refused the batch as invalid: kept in `rejected/`),
 `too_large` (a single record over the collector's body limit), `sidecar_died` (let go past
 the bound of unacknowledged bytes, then the sidecar died), `sidecar_error` (the sidecar failed
-to build or deliver a batch), `buffer_full` (the hot path's buffer was full). `spool_error` also
+to build or deliver a batch), `shipper_error` (the training process's shipper could not hand a
+chunk on, three times), `buffer_full` (the hot path's buffer was full). `spool_error` also
 counts a spool file whose content could not be read back (it is kept in `rejected/`);
 `unreadable_spool` a spooled file the collector's sweep took but could not ingest (it set it
 aside in `rejected/`).

@@ -116,8 +116,11 @@ class Lanes:
         return {lane_id: [i for i, x in enumerate(lane_col) if x == lane_id] for lane_id in set(lane_col)}
 
     def _add_marks(self, lane: _Lane, marks: list) -> None:
-        self._add_block(lane, [m[2] for m in marks], [m[3] for m in marks], [m[1] for m in marks],
-                        True, {m[0] for m in marks})
+        by_key: dict = {}
+        for mark in marks:
+            by_key.setdefault(mark[0], []).append(mark)
+        for key, group in by_key.items():  # a block per key: its time span is that key's (_subtract)
+            self._add_block(lane, [m[2] for m in group], [m[3] for m in group], [m[1] for m in group], True, {key})
         recent = [m[2] for m in marks if lane.newest - m[2] <= RETAIN_NS]  # not left unfinished
         if recent:
             lane.marked_from = min(lane.marked_from, min(recent))
