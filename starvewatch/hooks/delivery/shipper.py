@@ -206,7 +206,17 @@ class Shipper(threading.Thread):
                     owner = item.owner()
                     if owner is not None:
                         owner.rotate(item)
+            else:
+                self._forget(item)
         return marks, records
+
+    def _forget(self, segment) -> None:
+        """A segment taken whole no longer counts against the fast path's room, nor keeps its
+        reads in memory (the training thread drops taken ones too, at a segment's start)."""
+        try:
+            self.session.segments.remove(segment)
+        except (ValueError, AttributeError):  # removed there first (or a session without the list)
+            pass
 
     def _lanes_of_several(self, cycle: bool) -> set:
         """The threads where several loaders (or epochs) have steps: those of the live
