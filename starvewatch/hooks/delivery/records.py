@@ -259,24 +259,39 @@ class LocalPipeline:
 
     def send(self, header: dict, deadline: float | None = None) -> int:
         """Deliver one batch; returns its number of step records."""
+        return self.deliver_built(self.build(header), header, deadline)
+
+    def build(self, header: dict) -> dict:
+        """The batch of what was added since the last send, in the book: its payload but for
+        the delivery account and drops, which `deliver_built` adds as they stand when it is
+        sent. Apart so that the sidecar builds the next batch while this one is in flight."""
         batch = self._settled_batch()
         book = self.current_book
         loaders = [dict(loader, totals=book.merged(index, LoaderTotals.from_dict(loader["totals"])).to_dict())
                    for index, loader in enumerate(header["loaders"])]
         steps = {name: batch[name] if batch else [] for name in STEP_COLUMNS}
-        payload = {**header, "loaders": loaders, "steps": steps, "phases": batch["phases"] if batch else [],
-                   "drops": {**self.delivery.dropped(), **header.get("drops", {})},
-                   "delivery": with_buffer_drops(self.account(), header["loaders"])}
         book.seq = header["seq"]
-        self.delivery.deliver(payload, deadline=deadline)
-        return len(steps["step"])
+        return {**header, "loaders": loaders, "steps": steps, "phases": batch["phases"] if batch else []}
 
-    def send_packed(self, header: dict, parts: list[bytes], deadline: float | None = None) -> int:
-        """Deliver a batch as the training process packed it for the sidecar (marshalled
-        chunks of records): in the sidecar, and in the training process after a take-over."""
+    def deliver_built(self, payload: dict, header: dict, deadline: float | None = None) -> int:
+        """Deliver a batch from `build`, with the account as it stands now (every batch
+        before it settled); returns its number of step records."""
+        payload["drops"] = {**self.delivery.dropped(), **header.get("drops", {})}
+        payload["delivery"] = with_buffer_drops(self.account(), header["loaders"])
+        self.delivery.deliver(payload, deadline=deadline)
+        return len(payload["steps"]["step"])
+
+    def add_packed(self, header: dict, parts: list[bytes]) -> None:
+        """Add a batch's records as the training process packed them for the sidecar
+        (marshalled chunks of records)."""
         names = [loader["name"] for loader in header["loaders"]]
         for part in parts:
             self.add(marshal.loads(part), names)
+
+    def send_packed(self, header: dict, parts: list[bytes], deadline: float | None = None) -> int:
+        """Deliver a batch as the training process packed it for the sidecar: in the
+        training process after a take-over (the sidecar builds and delivers apart)."""
+        self.add_packed(header, parts)
         return self.send(header, deadline)
 
     def book(self) -> RecordBook:

@@ -77,6 +77,7 @@ class Sidecar:
         self.gpu_enabled = True
         self._write_lock = threading.Lock()
         self.batches: queue.Queue = queue.Queue()
+        self.built: queue.Queue = queue.Queue(maxsize=1)  # to the delivery thread (deliver_forever)
         self.flush_deadline: float | None = None
         self.delivery = self.transport = self.pipeline = None
         self.delivery_settings = settings.get("delivery")
@@ -138,33 +139,74 @@ class Sidecar:
             if found == "starvewatch":
                 self.delivery.reset_backoff()
             self.send({"kind": "collector", "found": found})
+        # Two stages: this thread builds each batch (columns, the book) while the delivery
+        # thread sends the one before (gzip, HTTP, the collector's ingest): a batch the
+        # collector takes in ~50 ms is not held up by ~30 ms of building before it. One batch
+        # waits built at most; deliveries, replays and flushes stay in order on their thread.
+        deliveries = threading.Thread(target=self._deliver_built, daemon=True, name="starvewatch-sidecar-delivery")
+        deliveries.start()
         while True:
             try:
                 kind, body = self.batches.get(timeout=1.0)
             except queue.Empty:
-                self._replay(None)  # idle: catch up on the spool
+                if self.built.empty():
+                    self.built.put(("replay", None))  # idle: catch up on the spool
                 continue
             if kind == "batch":
                 header, parts = body
+                failed = None
                 try:
-                    self.pipeline.send_packed(header, parts, self.flush_deadline)
-                except Exception as exc:  # never fatal, never silent: the records are counted
-                    lost = sum(count_steps(marshal.loads(part)) for part in parts)
-                    self.delivery._drop("sidecar_error", lost)
-                    self.delivery.warnings.once("sidecar_error", f"the sidecar could not deliver {lost} step "
-                                                                 f"records ({exc!r}); counted as dropped")
-                # The book and the account first: the training process takes them over with
-                # the acknowledgement (both include this batch).
-                self.send({"kind": "book", "book": self.pipeline.book().to_dict()})
-                self.send({"kind": "acked", "seq": header["seq"], "dropped": self.delivery.dropped(),
-                           "account": self.pipeline.account()})
+                    self.pipeline.add_packed(header, parts)
+                    payload = self.pipeline.build(header)
+                except Exception as exc:  # never fatal, never silent: counted by the delivery thread
+                    payload, failed = None, (sum(count_steps(marshal.loads(part)) for part in parts), exc)
+                # The book as of this batch: the training process takes it over with the
+                # acknowledgement, and re-sends only the batches after it.
+                self.built.put(("batch", (header, payload, failed, self.pipeline.book().to_dict())))
             elif kind == "flush":
-                self._replay(self.flush_deadline, final=True)
-                self.send({"kind": "flushed", "dropped": self.delivery.dropped(),
-                           "account": self.pipeline.account()})
-                self.flush_deadline = None
+                self.built.put(("flush", None))
             else:
+                self.built.put(("eof", None))
+                deliveries.join()
                 return
+
+    def _deliver_built(self) -> None:
+        """The delivery thread: built batches, spool replays and flushes, in order."""
+        while True:
+            kind, body = self.built.get()
+            try:
+                if kind == "batch":
+                    header, payload, failed, book = body
+                    if failed is not None:
+                        self._lost(*failed)
+                    if payload is not None:
+                        try:
+                            self.pipeline.deliver_built(payload, header, self.flush_deadline)
+                        except Exception as exc:  # never fatal, never silent: the records are counted
+                            self._lost(len(payload["steps"]["step"]), exc)
+                    # The book and the account first: the training process takes them over
+                    # with the acknowledgement (both include this batch).
+                    self.send({"kind": "book", "book": book})
+                    self.send({"kind": "acked", "seq": header["seq"], "dropped": self.delivery.dropped(),
+                               "account": self.pipeline.account()})
+                elif kind == "replay":
+                    self._replay(None)
+                elif kind == "flush":
+                    self._replay(self.flush_deadline, final=True)
+                    self.send({"kind": "flushed", "dropped": self.delivery.dropped(),
+                               "account": self.pipeline.account()})
+                    self.flush_deadline = None
+                else:
+                    return
+            except Exception as exc:  # the thread goes on: the builder waits on it
+                _errors.error(f"delivery:{type(exc).__name__}", "starvewatch: sidecar delivery failed: %r", exc)
+
+    def _lost(self, records: int, exc: Exception) -> None:
+        """Records the sidecar could not deliver, counted (on the delivery thread: the only
+        one that changes the account)."""
+        self.delivery._drop("sidecar_error", records)
+        self.delivery.warnings.once("sidecar_error", f"the sidecar could not deliver {records} step "
+                                                     f"records ({exc!r}); counted as dropped")
 
     def _replay(self, deadline: float | None, final: bool = False) -> None:
         before = self.delivery.acknowledged
