@@ -1,4 +1,5 @@
 """The sidecar process samples the host, the workers and the GPUs for the training process."""
+import json
 import os
 import signal
 import subprocess
@@ -312,3 +313,55 @@ def test_the_sidecar_runs_below_the_training_process_from_its_start(memory_run):
     # Its fallback did not lower it a second time.
     assert psutil.Process(link.proc.pid).nice() == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
     starvewatch.finish()
+
+
+def test_the_sidecar_builds_the_next_batch_while_one_is_in_flight(tmp_path):
+    """Two stages (issue 41): while the collector takes its time over batch 1, the sidecar
+    builds batch 2 (its records in the book); batches still leave in order, and each
+    acknowledgement carries the book as of its own batch (a take-over re-sends only the
+    batches after it, so a book one batch ahead would count that batch twice)."""
+    import io
+    import marshal
+    import threading
+    from starvewatch.hooks.delivery.sidecar import Sidecar
+    from starvewatch.schema import EVENTS_SCHEMA
+    sent, release = [], threading.Event()
+
+    class HeldTransport:  # the collector holding its answer to batch 1
+        def send(self, payload, body=None):
+            sent.append((payload["seq"], len(payload["steps"]["step"])))
+            if payload["seq"] == 1:
+                assert release.wait(60), "batch 1 was never released"
+
+        def close(self):
+            pass
+
+    out = io.StringIO()
+    sidecar = Sidecar({"pid": os.getpid(), "wall_offset_ns": 0,
+                       "delivery": {"url": None, "spool_dir": str(tmp_path), "spool_max_bytes": 2**30}}, out)
+    sidecar.delivery.transport = HeldTransport()
+    t = time.perf_counter_ns()
+
+    def packed(seq: int, first: int, n: int):
+        records = [((0, 0), k, t + 3000 * k, t + 3000 * k + 100, t + 3000 * (k + 1), 32)
+                   for k in range(first, first + n)]
+        header = {"schema": EVENTS_SCHEMA, "run_id": "two-stages", "rank": 0, "stream": "two-stages-s",
+                  "seq": seq, "status": "live", "loaders": [{"name": "train", "totals": {}}], "drops": {}}
+        return "batch", (header, [marshal.dumps(records)])
+
+    worker = threading.Thread(target=sidecar.deliver_forever, daemon=True)
+    worker.start()
+    sidecar.batches.put(packed(1, 0, 100))
+    sidecar.batches.put(packed(2, 100, 50))
+    wait_until(lambda: sidecar.pipeline.book().seq == 2, what="batch 2 built while batch 1 is in flight")
+    assert sent == [(1, 100)]
+    release.set()
+    sidecar.batches.put(("eof", None))
+    worker.join(60)
+    assert not worker.is_alive()
+    assert sent == [(1, 100), (2, 50)]
+    messages = [json.loads(line) for line in out.getvalue().splitlines()]
+    books = [m["book"] for m in messages if m["kind"] == "book"]
+    assert [(b["seq"], b["loaders"]["0"]["totals"]["steps"]) for b in books] == [(1, 100), (2, 150)]
+    acked = [m for m in messages if m["kind"] == "acked"]
+    assert [(m["seq"], m["account"]["acknowledged"]) for m in acked] == [(1, 100), (2, 150)]
