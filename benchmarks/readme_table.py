@@ -2,7 +2,7 @@
 
     python -m benchmarks.readme_table [--results DIR] [--readme PATH] [--docs PATH] [--check]
 
-Reads overhead.json, instructions.json, sampler.json, ingest.json, dashboard.json, soak.json and
+Reads overhead.json, instructions.json, sampler.json, ingest.json, end_to_end.json, dashboard.json, soak.json and
 instructions_per_thread.json (each written by the benchmark of the same name) and writes one row per figure, | what |
 measured | target | command |, between <!-- overhead:begin --> and <!-- overhead:end --> in
 README.md and in the docs site's performance page (docs/performance.md). A figure that misses its target is marked "(not met)" here, from the figure; a file
@@ -26,7 +26,7 @@ from benchmarks.results_io import README, RESULTS, ROOT, replace_section  # noqa
 
 BEGIN, END = "<!-- overhead:begin -->", "<!-- overhead:end -->"
 DOCS_PAGE = ROOT / "docs" / "performance.md"  # the site's copy of the table
-FILES = ("overhead", "instructions", "sampler", "ingest", "dashboard", "soak", "soak-600s-10-clients",
+FILES = ("overhead", "instructions", "sampler", "ingest", "end_to_end", "dashboard", "soak", "soak-600s-10-clients",
          "instructions_per_thread")
 MIB = 2**20
 
@@ -80,6 +80,13 @@ def _rss(s: dict) -> str:
     return (f"{summary['start_bytes'] / MIB:.0f} → plateau **{summary['plateau_bytes'] / MIB:.0f} MiB** "
             f"(max {summary['max_bytes'] / MIB:.0f} MiB; second half "
             f"{summary['slope_second_half_bytes_per_h'] / MIB:+.0f} MiB/h; {s['records_run'] / 1e6:.1f}M step rows)")
+
+
+def _end_to_end(s: dict) -> str:
+    new, base = s["new"], s["base"]
+    return (f"**{new['steps_per_s_median']:,.0f} steps/s**, finish() {new['finish_s_median']:.2f} s, "
+            f"{new['spooled_median']:,.0f} spooled (previous release: {base['steps_per_s_median']:,.0f} steps/s, "
+            f"{base['spooled_median']:,.0f} spooled); medians of interleaved pairs")
 
 
 def _delay(d: dict) -> str:
@@ -173,6 +180,9 @@ ROWS = (
         lambda r: r["thread_pct"] < 1.0 and r["sidecar_pct"] < 1.0),
     Row("collector ingest over HTTP", "ingest", "ingest", "≥ 100,000",
         lambda r: f"**{r['records_per_s']:,.0f} records/s**", lambda r: r["records_per_s"] >= 100_000),
+    Row("watched 300,000-step loop to every step in the collector's store, end to end", "end_to_end", "summary",
+        "≥ 250,000 steps/s, 0 spooled", _end_to_end,
+        lambda s: s["new"]["steps_per_s_median"] >= 250_000 and s["new"]["spooled_median"] == 0),
     Row("record produced to counted by the API, p95", "ingest", "delay", "≤ 1.5 s", _delay,
         lambda r: r["p95_s"] is not None and r["p95_s"] <= 1.5),
     Row("run page of a 1M-step run interactive", "dashboard", "page", "≤ 2 s",

@@ -50,6 +50,12 @@ def results(tmp_path: Path) -> Path:
                                          "collector_rss": {"start_bytes": 84 * 2**20, "plateau_bytes": 119 * 2**20,
                                                            "max_bytes": 122 * 2**20, "end_bytes": 119 * 2**20,
                                                            "slope_second_half_bytes_per_h": -11 * 2**20}})
+    _write(out, "end_to_end", {"measured_at": "2026-11-28T10:00:00Z", "cpu_count": 2, "quick": False,
+                               "load_average": [0.5, 0.4, 0.3], "load_average_end": [0.9, 0.5, 0.3],
+                               "summary": {"new": {"steps_per_s_median": 251_000.4, "finish_s_median": 1.234,
+                                                   "spooled_median": 0},
+                                           "base": {"steps_per_s_median": 52_000.0, "finish_s_median": 2.7,
+                                                    "spooled_median": 95_199}}})
     return out
 
 
@@ -84,6 +90,10 @@ def test_rows_from_fabricated_results(results: Path) -> None:
     assert soak[0].startswith("**1,000 records, 1 lost, 0 doubled**")
     assert soak[0].endswith("(quick run)")  # 5 s, not the 600 s the row is for
     assert soak[1] == "0 lost; page ≤ 2 s (**not met**)"
+    e2e = rows["watched 300,000-step loop to every step in the collector's store, end to end"]
+    assert e2e == ["**251,000 steps/s**, finish() 1.23 s, 0 spooled (previous release: 52,000 steps/s, 95,199 "
+                   "spooled); medians of interleaved pairs", "≥ 250,000 steps/s, 0 spooled",
+                   "`python benchmarks/end_to_end.py`"]
     rss = rows["collector RSS, 600 s soak: 2 trainings + 10 clients"]
     assert rss[0] == "84 → plateau **119 MiB** (max 122 MiB; second half -11 MiB/h; 7.2M step rows)"
     assert rss[1] == "bounded"
