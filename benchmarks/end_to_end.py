@@ -17,8 +17,8 @@ whose speed drifts moves both alike: the working tree (this checkout) and `--bas
 checked out with `git worktree` into a temporary directory (its optional C core built there when
 it has one), by default the previous release. Each tree's collector and training process run its
 own code. The verdict is on the per-pair ratios new/base of steps/s: the run fails (exit 1) when
-their median is below 1 - tolerance (slower beyond noise), or when the working tree loses or
-doubles a step. Figures go to benchmarks/results/end_to_end.json; --quick (3 rounds of 100,000
+their median is below 1 - tolerance and at least 4 pairs in 5 are slower (slower beyond noise),
+or when the working tree loses or doubles a step. Figures go to benchmarks/results/end_to_end.json; --quick (3 rounds of 100,000
 steps) is a smoke run, marked "quick" there.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -142,6 +143,15 @@ def measure(tree: Path, steps: int, timeout_s: float = 60.0) -> dict:
             "stored_rows": rows, "distinct_steps": distinct}
 
 
+def slower_beyond_noise(ratios: list[float], tolerance: float) -> bool:
+    """The verdict on the per-pair ratios new/base: the median pair below 1 - tolerance, and
+    nearly every pair slower (a sign test: 4 of 5 pairs). One pair hit by another process's
+    burst decides nothing."""
+    if not ratios:
+        return False
+    return statistics.median(ratios) < 1 - tolerance and sum(r < 1 for r in ratios) >= math.ceil(0.8 * len(ratios))
+
+
 def _median(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -191,16 +201,23 @@ def main() -> int:
                       "finish_s_median": _median([r["finish_s"] for r in rs]),
                       "spooled_median": _median([r["spooled"] for r in rs])} for name, rs in runs.items()}
     exact = all(r["stored_rows"] == r["steps"] == r["distinct_steps"] for r in runs["new"])
-    slower = median_ratio < 1 - args.tolerance
+    slower_pairs = sum(r < 1 for r in ratios)
+    slower = slower_beyond_noise(ratios, args.tolerance)
     record.update(runs=runs, summary=summary, ratios_new_over_base=ratios, median_ratio=median_ratio,
-                  every_step_stored_once=exact, slower_beyond_noise=slower)
+                  slower_pairs=slower_pairs, every_step_stored_once=exact, slower_beyond_noise=slower)
     for name in ("base", "new"):
         s = summary[name]
         print(f"{name:4s}: median {s['steps_per_s_median'] or 0:,.0f} steps/s (min {s['steps_per_s_min']:,.0f}, "
               f"max {s['steps_per_s_max']:,.0f}); finish() median {s['finish_s_median']:.2f} s, "
               f"spooled median {s['spooled_median']:,.0f}")
-    print(f"new/base per pair: {', '.join(f'{r:.2f}' for r in ratios)}; median {median_ratio:.2f} "
-          f"(fails below {1 - args.tolerance:.2f})")
+    print(f"new/base per pair: {', '.join(f'{r:.2f}' for r in ratios)}; median {median_ratio:.2f}, "
+          f"{slower_pairs} of {len(ratios)} pairs slower (fails when the median is below "
+          f"{1 - args.tolerance:.2f} and at least {math.ceil(0.8 * len(ratios))} pairs are slower)")
+    busy = max(record["load_average"][0], os.getloadavg()[0])
+    if busy > (os.cpu_count() or 1):
+        print(f"note: load average {busy:.1f} on {os.cpu_count()} CPUs: the machine was busy, and the "
+              f"sidecar (nice 10) and the collector waited for cores; take the figures on a quiet machine",
+              file=sys.stderr)
     results_io.write(record, args.out)
     if not exact:
         print("FAIL: the working tree did not store every step exactly once", file=sys.stderr)
