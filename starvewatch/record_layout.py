@@ -18,7 +18,7 @@ full: (key, step, start, wait, compute, batch size, other, gpu token, phases, t_
       start), which began then);
 reads: (key, first step, batch size, clock reads): consecutive steps of a Segment as the
       shipper takes them, shipped as they are (a slice of ints marshals at a fifth of the cost
-      of the fast records it stands for) and expanded where the columns are built (expand_reads).
+      of the fast records it stands for); the columns are built from its slices (records.py).
 Two marks the shipper adds to each cycle's records (not steps):
 horizon: (t,): every step closed by then is in this cycle's records or an earlier one's;
 open wait: (key, t_call, t_return, wait ns, "open"): the wait of a step in progress at the
@@ -29,7 +29,6 @@ epoch's end, joining the workers): (key, t_call, t_end, wait ns, "end"), no step
 from __future__ import annotations
 
 from bisect import bisect_right
-from itertools import repeat
 
 (R_KEY, R_STEP, R_START, R_WAIT, R_COMPUTE, R_BATCH, R_OTHER, R_GPU, R_PHASES, R_RET, R_END, R_SPANS,
  R_EPOCH_START) = range(13)
@@ -39,7 +38,7 @@ FULL_RECORD_LEN = 13  # (key, step, t_start, wait, compute, batch size, other, g
 READS_RECORD_LEN = 4  # (key, first step, batch size, [t_call, t_ret, ..., t_next_call]): many steps
 HORIZON_RECORD_LEN = 1    # (t,)
 OPEN_WAIT_RECORD_LEN = 5  # (key, t_call, t_ret, wait ns, "open")
-STEP_RECORD_LENS = (FAST_RECORD_LEN, FULL_RECORD_LEN)  # after expand_reads
+STEP_RECORD_LENS = (FAST_RECORD_LEN, FULL_RECORD_LEN)  # one step each (a reads record holds many)
 
 # Keys of the epochs that ended (appended by the hot path at an epoch's end, taken by the
 # shipper each cycle): with the live iterators', the threads where several loaders had steps.
@@ -93,24 +92,6 @@ class Segment:
 
 def reads_steps(record: tuple) -> int:
     return (len(record[3]) - 1) // 2
-
-
-def expand_reads(records: list[tuple]) -> list[tuple]:
-    """Records with every reads record replaced by the fast records it holds (C-level zips)."""
-    positions = [i for i, length in enumerate(map(len, records)) if length == READS_RECORD_LEN]
-    if not positions:
-        return records
-    out: list[tuple] = []
-    start = 0
-    for i in positions:
-        out += records[start:i]
-        key, first, batch_size, times = records[i]
-        closed = (len(times) - 1) // 2
-        out += zip(repeat(key), range(first, first + closed), times[0:2 * closed:2], times[1:2 * closed:2],
-                   times[2:2 * closed + 1:2], repeat(batch_size))
-        start = i + 1
-    out += records[start:]
-    return out
 
 
 def count_steps(records: list[tuple]) -> int:

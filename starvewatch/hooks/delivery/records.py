@@ -9,6 +9,7 @@ So both produce the same payloads and the same summary.
 from __future__ import annotations
 
 import itertools
+from itertools import repeat
 import logging
 import marshal
 from operator import itemgetter, sub
@@ -18,7 +19,7 @@ from ...schema import STEP_COLUMNS
 from ...stats import LoaderTotals, RecordStats
 from ...record_layout import (FULL_RECORD_LEN, HORIZON_RECORD_LEN, OPEN_WAIT_RECORD_LEN, R_COMPUTE, R_END,
                               R_EPOCH_START, R_GPU, R_OTHER, R_PHASES, R_RET, R_SPANS, R_START, R_WAIT,
-                              expand_reads)
+                              R_BATCH, READS_RECORD_LEN)
 from .account import add_accounts, empty_account
 from .overlap import Lanes, split_marks
 
@@ -48,6 +49,36 @@ def _positions(values: list, value) -> list[int]:
         return out
 
 
+def _step_columns(records: list[tuple]) -> tuple:
+    """(keys, steps, t_call, t_ret, t_next, batch sizes, general) of records of any step
+    layout: fields 0-5 of each fast or general-path record (C-level itemgetter maps over each
+    run of them), and each reads record's steps straight from slices of its clock reads, never a
+    tuple per step (expanding them first was a third of the sidecar's work on a fast loop's
+    batch, issue 41). `general`: (position, record) of the general path's records, whose
+    fields the caller patches in."""
+    lengths = list(map(len, records))
+    keys, steps, calls, rets, ends, sizes = [], [], [], [], [], []
+    general: list[tuple[int, tuple]] = []
+    start = 0
+    for i in _positions(lengths, READS_RECORD_LEN) + [len(records)]:
+        if i > start:  # a run of fast and general-path records
+            run = records[start:i]
+            general += [(len(keys) + j, run[j]) for j in _positions(lengths[start:i], FULL_RECORD_LEN)]
+            for index, column in enumerate((keys, steps, calls, rets, ends, sizes)):
+                column += map(itemgetter(index), run)
+        if i < len(records):
+            key, first, batch_size, times = records[i]
+            closed = (len(times) - 1) // 2
+            keys += repeat(key, closed)
+            steps += range(first, first + closed)
+            calls += times[0:2 * closed:2]
+            rets += times[1:2 * closed:2]
+            ends += times[2:2 * closed + 1:2]
+            sizes += repeat(batch_size, closed)
+        start = i + 1
+    return keys, steps, calls, rets, ends, sizes, general
+
+
 def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict:
     """Records to wire columns with C-level itemgetter maps (about 5x a Python loop). Most
     records are raw clock reads from the fast path; the few from the general path (a CPU
@@ -60,18 +91,15 @@ def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict
     if HORIZON_RECORD_LEN in lengths or OPEN_WAIT_RECORD_LEN in lengths:
         records, marks = split_marks(records, lengths, (HORIZON_RECORD_LEN, OPEN_WAIT_RECORD_LEN))
         lengths = None
-    records = expand_reads(records)
-    n = len(records)
-    col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
-    full = _positions(list(map(len, records)), FULL_RECORD_LEN)
-    if n and len(full) == n:  # only the general path's: a loop its shipper fell behind (issue 42)
+    if records and list(map(len, records)).count(FULL_RECORD_LEN) == len(records):
+        # only the general path's: a loop its shipper fell behind (issue 42)
         return _full_columns(records, names, wall_offset_ns, marks)
-    t_call, t_ret, t_end = col(2), col(3), col(4)
+    keys, step_column, t_call, t_ret, t_end, sizes, full = _step_columns(records)
+    n = len(keys)
     waits, computes = list(map(sub, t_ret, t_call)), list(map(sub, t_end, t_ret))
     others, gpus, phases = [0] * n, [None] * n, []
     nested: dict[int, tuple] = {}  # position -> (nested spans, start-up ns, epoch start)
-    for i in full:
-        r = records[i]
+    for i, r in full:
         waits[i], computes[i], others[i], gpus[i] = r[R_WAIT], r[R_COMPUTE], r[R_OTHER], r[R_GPU]
         t_ret[i], t_end[i] = r[R_RET], r[R_END]
         startup = r[R_WAIT] - (r[R_RET] - r[R_START])  # iter()'s, in a first step's wait
@@ -79,8 +107,8 @@ def columns(records: list[tuple], names: list[str], wall_offset_ns: int) -> dict
             nested[i] = (r[R_SPANS], startup, r[R_EPOCH_START])
         if r[R_PHASES]:
             phases += [[names[r[0][0]], r[0][1], r[1], name, ns] for name, ns in r[R_PHASES].items()]
-    return _columns_of(records, names, wall_offset_ns, marks, t_call, t_ret, t_end, waits, computes,
-                       others, gpus, phases, nested)
+    return _columns_of(keys, step_column, sizes, names, wall_offset_ns, marks, t_call, t_ret, t_end, waits,
+                       computes, others, gpus, phases, nested)
 
 
 def _full_columns(records: list[tuple], names: list[str], wall_offset_ns: int, marks: list) -> dict:
@@ -102,15 +130,13 @@ def _full_columns(records: list[tuple], names: list[str], wall_offset_ns: int, m
         for r in records:
             if r[R_PHASES]:
                 phases += [[names[r[0][0]], r[0][1], r[1], name, ns] for name, ns in r[R_PHASES].items()]
-    return _columns_of(records, names, wall_offset_ns, marks, t_call, t_ret, col(R_END), waits,
+    return _columns_of(col(0), col(1), col(R_BATCH), names, wall_offset_ns, marks, t_call, t_ret, col(R_END), waits,
                        col(R_COMPUTE), col(R_OTHER), col(R_GPU), phases, nested)
 
 
-def _columns_of(records, names, wall_offset_ns, marks, t_call, t_ret, t_end, waits, computes, others, gpus,
-                phases, nested) -> dict:
-    n = len(records)
-    col = lambda i: list(map(itemgetter(i), records))  # noqa: E731
-    keys = col(0)
+def _columns_of(keys, step_column, sizes, names, wall_offset_ns, marks, t_call, t_ret, t_end, waits, computes,
+                others, gpus, phases, nested) -> dict:
+    n = len(keys)
     distinct = set(keys)
     if len(distinct) == 1:  # one loader, one epoch: the usual case
         key, = distinct
@@ -119,9 +145,9 @@ def _columns_of(records, names, wall_offset_ns, marks, t_call, t_ret, t_end, wai
     else:
         indexes, epochs = list(map(itemgetter(0), keys)), list(map(itemgetter(1), keys))
         loader_names = list(map(names.__getitem__, indexes))
-    return {"index": indexes, "loader": loader_names, "epoch": epochs, "step": col(1),
+    return {"index": indexes, "loader": loader_names, "epoch": epochs, "step": step_column,
             "start_ns": list(map(wall_offset_ns.__add__, t_call)), "wait_ns": waits,
-            "compute_ns": computes, "other_ns": others, "batch_size": col(5),
+            "compute_ns": computes, "other_ns": others, "batch_size": sizes,
             "gpu_idle_ns": gpus, "phases": phases,
             # not step columns of the wire: they go into the totals (RecordBook.add), once
             # settle() has taken the other loaders' waits out (overlap.py)
