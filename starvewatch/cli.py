@@ -67,11 +67,14 @@ def _source(args):
 
 def _with_source(fn):
     def run(args) -> int:
-        from .monitor.storage.sources import SourceError
+        from .monitor.storage.sources import LocalSource, SourceError
         try:
             source = _source(args)
         except SourceError as exc:
             return fail(str(exc))
+        if isinstance(source, LocalSource) and not (getattr(args, "spool", None) or getattr(args, "db", None)):
+            # Fell back: say so, or a reader takes a stale spool for what the collector holds.
+            print(f"starvewatch: no collector answers; reading {source.description}", file=sys.stderr)
         try:
             return fn(args, source)
         except SourceError as exc:
@@ -87,7 +90,11 @@ def cmd_export(args, source) -> int:
     from .monitor.storage.sources import resolve_run
     run_id = resolve_run(source, args.run)
     if args.output and args.output != "-":
-        with open(args.output, "w", newline="" if args.format == "csv" else None, encoding="utf-8") as out:
+        try:
+            out = open(args.output, "w", newline="" if args.format == "csv" else None, encoding="utf-8")
+        except OSError as exc:
+            return fail(f"cannot write {args.output}: {exc.strerror or exc}")
+        with out:
             rows = export(source, run_id, args.format, out)
         extra = f" ({rows} rows)" if rows is not None else ""
         print(f"wrote {args.output}: run {run_id} as {args.format}{extra}", file=sys.stderr)
@@ -103,7 +110,9 @@ def cmd_runs(args, source) -> int:
     if action == "list":
         runs = source.list_runs(status=args.status, search=args.search)
         if not runs:
-            print(f"no runs in {source.description}")
+            which = f"{args.status} " if args.status else ""
+            matching = f" matching {args.search!r}" if args.search else ""
+            print(f"no {which}runs{matching} in {source.description}")
             return EXIT_OK
         print(f"{'run':<40} {'name':<16} {'status':<9} {'verdict':<17} {'wait':>6} {'batches/s':>10} {'duration':>9}")
         for r in runs:
@@ -119,9 +128,32 @@ def cmd_runs(args, source) -> int:
         from .hooks.report import format_report
         print(printable(format_report(source.summary(run_id))))
         return EXIT_OK
+    if not args.yes:
+        answer = _confirm_delete(source, run_id)
+        if answer is not None:
+            return answer
     source.delete(run_id)
     print(f"deleted run {run_id}")
     return EXIT_OK
+
+
+def _confirm_delete(source, run_id: str) -> int | None:
+    """None to go ahead; an exit code otherwise. A name resolves to its newest run, so the
+    question names the run that would go; without a terminal to ask on, nothing is deleted."""
+    run = next((r for r in source.list_runs() if r["id"] == run_id), {"name": "?", "status": "?"})
+    what = f"run {run_id} (name {printable(str(run.get('name')))}, {run.get('status')})"
+    if not sys.stdin.isatty():
+        return fail(f"not deleting {what} without confirmation: no terminal to ask on; "
+                    f"add --yes to delete it", EXIT_USAGE)
+    print(f"delete {what} and all its data? [y/N] ", end="", file=sys.stderr, flush=True)
+    try:
+        reply = sys.stdin.readline().strip().lower()
+    except (OSError, ValueError):
+        reply = ""
+    if reply not in ("y", "yes"):
+        print("nothing deleted", file=sys.stderr)
+        return EXIT_ERROR
+    return None
 
 
 @_with_source
@@ -238,6 +270,9 @@ def cmd_serve(args) -> int:
         with socket.create_server((args.host, args.port)):
             pass
     except OSError as exc:
+        import errno
+        if exc.errno == errno.EADDRINUSE:
+            return fail(_address_in_use(settings, args.dir))
         return fail(f"cannot listen on {settings.url}: {exc.strerror or exc}")
     from .monitor.web.server import serve
     if not args.autostarted:
@@ -248,6 +283,28 @@ def cmd_serve(args) -> int:
               f"{settings.url}/?token=... in a browser once)", flush=True)
     serve(settings, autostarted=args.autostarted, ui=dashboard_ui(settings))
     return EXIT_OK
+
+
+def _address_in_use(settings, dir_option: str | None) -> str:
+    """Whose the port is: our own collector (from the pid file of this data directory, or one
+    that answers /healthz as starvewatch), or another program."""
+    from .monitor.web.server import running_collector
+    own = running_collector(settings.dir)
+    if own is not None and int(own.get("port", -1)) == settings.port:
+        return (f"a starvewatch collector already runs on {own.get('url')} (pid {own['pid']}): open that "
+                f"address, or stop it with `starvewatch stop" + (f" --dir {dir_option}" if dir_option else "") + "`")
+    from .hooks.delivery.collector_link import probe
+    from .hooks.delivery.transport import HttpTransport
+    transport = HttpTransport(settings.url.replace("0.0.0.0", "127.0.0.1"), timeout_s=2.0)
+    try:
+        found = probe(transport)
+    finally:
+        transport.close()
+    if found == "starvewatch":
+        return (f"a starvewatch collector already answers on {settings.url} (started from another data "
+                f"directory): open that address, or choose another port with --port")
+    return (f"port {settings.port} is in use by another program: choose another port with "
+            f"--port {settings.port + 1} (and set STARVEWATCH_URL to match in training)")
 
 
 def dashboard_ui(settings):
@@ -318,13 +375,28 @@ def _db_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, plus the closest choice on a typo ("did you mean 'serve'?")."""
+
+    def error(self, message: str):
+        import difflib
+        import re
+        typo = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if typo:
+            choices = re.findall(r"'([^']*)'", typo.group(2))
+            close = difflib.get_close_matches(typo.group(1), choices, n=1, cutoff=0.6)
+            if close:
+                message += f"; did you mean '{close[0]}'?"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="starvewatch", description="Live GPU-starvation monitor for PyTorch training.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     from .version import __version__
     parser.add_argument("--version", action="version", version=f"starvewatch {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     demo = sub.add_parser("demo", help="run a synthetic starved training, then the fix")
     demo.add_argument("--quick", action="store_true", help="a few seconds instead of about a minute")
@@ -404,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("run", nargs="?", help="run id, name or 'latest' (show, delete)")
     runs.add_argument("--status", choices=("live", "stalled", "finished", "lost"))
     runs.add_argument("--search", help="substring of the run name or id")
+    runs.add_argument("--yes", "-y", action="store_true", help="delete without asking")
     source_options(runs)
     runs.set_defaults(func=cmd_runs)
 
@@ -439,16 +512,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand, with its usage, not the top-level one
+        _subparser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`starvewatch runs | head`): what it read is all it wanted. Point
+        # stdout at /dev/null so that the interpreter's last flush cannot complain either.
+        import os
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
 
 
 if __name__ == "__main__":

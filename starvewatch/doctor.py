@@ -73,6 +73,9 @@ def run_checks(directory: Path):
     transport.close()
     if found == "starvewatch":
         yield ("collector", True, f"a starvewatch collector answers at {url}", None)
+    elif found == "unavailable":
+        yield ("collector", False, f"{url} answers with a server error (a collector behind a proxy that is down?)",
+               "check the collector's log; training keeps its records in the spool meanwhile")
     elif found == "other":
         yield ("collector", False, f"{url} answers but is not starvewatch",
                "free the port, or point STARVEWATCH_URL at another one (starvewatch serve --port N)")

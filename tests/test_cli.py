@@ -175,7 +175,7 @@ def test_commands_against_a_running_collector(collector, monkeypatch):
     assert listed.returncode == 0 and run_id in listed.stdout
     exported = json.loads(cli("export", run_id[:12], "-f", "json").stdout)
     assert exported["run"]["id"] == run_id
-    assert cli("runs", "delete", run_id).returncode == 0
+    assert cli("runs", "delete", run_id, "--yes").returncode == 0
     assert c.get("/api/v1/runs")["runs"] == []
 
 

@@ -76,6 +76,14 @@ def check_account(result: dict) -> dict:
     return account
 
 
+def stored_steps(c) -> int:
+    try:
+        runs = c.get("/api/v1/runs")["runs"]
+        return sum(p["steps"] for r in runs for p in c.get(f"/api/v1/runs/{r['id']}/series?points=10000")["points"])
+    except (AssertionError, KeyError, OSError):
+        return 0
+
+
 def held_once(c, run_id: str, expected: int) -> None:
     """The collector holds `expected` steps of the run, each exactly once."""
     def stored():
@@ -107,18 +115,80 @@ def proxy_for(c):
 def test_a_slow_or_failing_collector_delays_nothing_and_loses_nothing(fault, collector, tmp_path,
                                                                        isolated_starvewatch):
     c = collector(extra=["--lost-after", "5"])
+    hold = tmp_path / "hold"
     with proxy_for(c) as proxy:
         proxy.mode = fault  # 2 s per request, or 500 at once
-        proc, marker = start_training(tmp_path, proxy.url, isolated_starvewatch)
+        proc, marker = start_training(tmp_path, proxy.url, isolated_starvewatch,
+                                      hold=hold if fault == "slow" else "-")
         wait_until(marker.exists, timeout_s=60, what="the run to be a third done")
         wait_until(lambda: proxy.requests[fault] >= 2, what="the fault to be met")
         proxy.mode = "pass"
+        if fault == "slow":
+            # The run goes on (held before finish()) until the collector took every step: the
+            # delivery caught up while training, as a long run's would.
+            wait_until(lambda: stored_steps(c) == STEPS, timeout_s=60, what="delivery to catch up")
+            hold.touch()
         result, err = finish_training(proc)
     account = check_account(result)
     assert account["dropped"] == {}
     # What the flush could not send in time stays in the spool; the collector sweeps it in.
     held_once(c, result["run_id"], STEPS)
-    said_once(err, "does not answer in time" if fault == "slow" else "answered 500")
+    if fault == "slow":
+        # A delay, worded as one: behind (once), then caught up; no warning, nothing lost.
+        lines = err.splitlines()
+        behind = [i for i, line in enumerate(lines) if line.startswith("starvewatch: delivery is running behind")]
+        caught_up = [i for i, line in enumerate(lines) if line.startswith("starvewatch: delivery caught up")]
+        assert len(behind) == 1 and "Nothing is lost" in lines[behind[0]], err
+        assert len(caught_up) == 1 and caught_up[0] > behind[0], err
+        assert not warnings(err), err
+    else:
+        said_once(err, "answered 500")
+
+
+def test_a_sub_second_hiccup_says_nothing(collector, tmp_path, isolated_starvewatch):
+    c = collector()
+    proxy = FaultProxy(c.port, delay_s=0.3)
+    try:
+        proxy.mode = "slow"  # every request 0.3 s late, the whole run
+        proc, marker = start_training(tmp_path, proxy.url, isolated_starvewatch)
+        result, err = finish_training(proc)
+    finally:
+        proxy.close()
+    assert proxy.requests["slow"] >= 2
+    check_account(result)
+    assert "behind" not in err and "caught up" not in err and not warnings(err), err
+
+
+def test_a_server_that_is_no_collector_is_said_once_and_nothing_is_sent_to_it(tmp_path, isolated_starvewatch):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    posts = []
+
+    class Other(BaseHTTPRequestHandler):  # some other web service: no /healthz, no ingest
+        def log_message(self, *args):
+            pass
+
+        def _answer(self):
+            if self.command == "POST":
+                posts.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = _answer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        proc, marker = start_training(tmp_path, f"http://127.0.0.1:{server.server_address[1]}", isolated_starvewatch)
+        result, err = finish_training(proc)
+    finally:
+        server.shutdown()
+        server.server_close()
+    account = check_account(result)
+    assert account["spooled"] == STEPS and account["dropped"] == {}
+    assert err.count("is not a starvewatch collector") == 1, err
+    assert "recovers" not in err and not warnings(err) and posts == [], err
 
 
 def test_a_wrong_token_keeps_records_in_the_spool_until_the_right_one(collector, tmp_path, isolated_starvewatch):

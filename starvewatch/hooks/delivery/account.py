@@ -45,7 +45,7 @@ def add_accounts(*accounts: dict) -> dict:
 
 
 # Problems that end when the collector answers again: said once per outage, not per process.
-OUTAGE_KINDS = frozenset({"unreachable", "unavailable", "slow", "token"})
+OUTAGE_KINDS = frozenset({"unreachable", "unavailable", "slow", "behind", "token"})
 
 
 class Warnings:
@@ -66,6 +66,14 @@ class Warnings:
                 return
             self.said.add(kind)
         self._print(f"starvewatch: warning: {text}")
+
+    def note(self, kind: str, text: str) -> None:
+        """Like once(), for what is no problem yet (delivery running behind): no "warning:"."""
+        with self._lock:
+            if kind in self.said:
+                return
+            self.said.add(kind)
+        self._print(f"starvewatch: {text}")
 
     def recovered(self, text: str) -> None:
         """Delivery works again: say so when an outage was said, and forget the outage's kinds."""

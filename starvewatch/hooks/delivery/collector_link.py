@@ -16,11 +16,15 @@ IDLE_EXIT_S = 3600
 
 
 def probe(transport: HttpTransport) -> str:
-    """'starvewatch' when our collector answers, 'other' for another server, 'none' if nothing."""
+    """'starvewatch' when our collector answers, 'other' for another server, 'unavailable' for
+    a server error (a collector behind a proxy may be down: delivery keeps trying), 'none' if
+    nothing answers."""
     try:
         status, body = transport.request("GET", "/healthz")
     except TransportError:
         return "none"
+    if status >= 500 or status in (408, 429):
+        return "unavailable"
     if status == 401 and b"starvewatch" in body:
         return "starvewatch"  # ours, and the token is wrong: delivery will say so
     try:
@@ -79,6 +83,8 @@ def connect(session) -> None:
                            local_rank=session.local_rank)
     if found == "starvewatch":
         session.shipper.pipeline.reset_backoff()
+    elif found == "other":
+        session.shipper.pipeline.spool_only()
     announce(session, found)
 
 
@@ -89,8 +95,9 @@ def announce(session, found: str) -> None:
         if not settings.quiet and session.rank == 0:
             print(f"starvewatch: live dashboard at {session.dashboard_url}", file=sys.stderr, flush=True)
     elif found == "other" and not settings.quiet:
-        print(f"starvewatch: {settings.url} is not a starvewatch collector; keeping data in "
-              f"{settings.dir / 'spool'}", file=sys.stderr, flush=True)
+        print(f"starvewatch: {settings.url} answers, but is not a starvewatch collector (check "
+              f"STARVEWATCH_URL); keeping this run's data in {settings.dir / 'spool'}, for "
+              f"`starvewatch import` or a collector started with this directory", file=sys.stderr, flush=True)
 
 
 def _autostart(directory: Path, host: str, port: int, transport: HttpTransport) -> str:

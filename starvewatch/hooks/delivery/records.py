@@ -338,3 +338,6 @@ class LocalPipeline:
 
     def reset_backoff(self) -> None:
         self.delivery.reset_backoff()
+
+    def spool_only(self) -> None:
+        self.delivery.spool_only()

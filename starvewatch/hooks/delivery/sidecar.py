@@ -138,6 +138,8 @@ class Sidecar:
                                    local_rank=int(d.get("local_rank") or 0))
             if found == "starvewatch":
                 self.delivery.reset_backoff()
+            elif found == "other":
+                self.delivery.spool_only()
             self.send({"kind": "collector", "found": found})
         # Two stages: this thread builds each batch (columns, the book) while the delivery
         # thread sends the one before (gzip, HTTP, the collector's ingest): a batch the

@@ -162,7 +162,9 @@ class Delivery:
     """Sends in sequence order; falls back to the spool and replays it with back-off; keeps
     the account of where every step record went (account.py)."""
 
-    SLOW_S = 1.0  # a send slower than this is worth one console line
+    # A send in flight longer than this is worth one console line ("behind"), and its end one
+    # more ("caught up"); a sub-second hiccup of a busy collector says nothing.
+    SLOW_S = 1.5
 
     def __init__(self, transport, spool: Spool, *, min_backoff_s: float = 0.5,
                  max_backoff_s: float = 30.0, warnings: Warnings | None = None) -> None:
@@ -181,6 +183,8 @@ class Delivery:
         # known limit is never sent over again.
         self.max_records: int | None = None
         self._slow = SlowWatch(self.SLOW_S, self._say_slow)
+        self._behind_since: float | None = None  # monotonic start of a slow spell that was said
+        self._last_send_s = 0.0  # how long the last successful send took
         # Jitter on every back-off: hundreds of ranks that lost the collector together must not
         # come back to it in lockstep.
         self.random = random.Random()
@@ -188,9 +192,21 @@ class Delivery:
 
     def _say_slow(self, elapsed_s: float) -> None:
         url = getattr(self.transport, "url", "the collector")
-        self.warnings.once("slow", f"the collector at {url} does not answer in time ({elapsed_s:.1f} s for one "
-                                   f"batch so far): delivery falls behind; what is not delivered by the end "
-                                   f"waits in the spool")
+        self._behind_since = time.monotonic() - elapsed_s
+        self.warnings.note("behind", f"delivery is running behind: the collector at {url} has taken "
+                                     f"{elapsed_s:.1f} s for one batch so far. Nothing is lost: records wait "
+                                     f"and are sent in order (a line follows when delivery has caught up)")
+
+    def _maybe_caught_up(self) -> None:
+        """After a send that went through: when delivery was said to be behind and nothing
+        waits any more, say it caught up (and watch for the next slow spell)."""
+        if self._behind_since is None or self._last_send_s >= self.SLOW_S or self._backlog():
+            return  # still behind: a slow send, or batches waiting in the spool
+        behind_s = time.monotonic() - self._behind_since
+        self._behind_since = None
+        self._slow = SlowWatch(self.SLOW_S, self._say_slow)
+        self.warnings.recovered(f"delivery caught up: the collector at {getattr(self.transport, 'url', '?')} "
+                                f"has everything so far (it was behind for {behind_s:.0f} s)")
 
     # ---- the account --------------------------------------------------------------------------
     def account(self) -> dict:
@@ -230,8 +246,17 @@ class Delivery:
             lasted_s = time.time() - self._failing_since
             self._failing_since = None
             self._slow = SlowWatch(self.SLOW_S, self._say_slow)  # a later slow spell is said again
+            self._behind_since = None
             self.warnings.recovered(f"delivery recovered: the collector at {getattr(self.transport, 'url', '?')} "
                                     f"accepts batches again (after {lasted_s:.0f} s); the spool is replayed")
+
+    def spool_only(self) -> None:
+        """The URL answers, but not as a starvewatch collector: sending there could only fail
+        and say so (a "sent when it recovers" that never comes). Everything goes to the spool,
+        which `starvewatch import` or a collector reading this directory takes in."""
+        if self.transport is not None:
+            self.transport.close()
+        self.transport = None
 
     def reset_backoff(self) -> None:
         """The collector was just found: retry at once."""
@@ -288,6 +313,7 @@ class Delivery:
     def _try_send(self, payload: dict, body: bytes | None, records: int, spooled: Path | None = None) -> bool:
         """One batch to the collector. True when it is settled (acknowledged, or moved to
         rejected/, or dropped as too large); False when it must wait (spool or keep it)."""
+        started = time.monotonic()
         self._slow.begin()
         try:
             too_large = self._send_fitting(payload, body, records)
@@ -311,8 +337,9 @@ class Delivery:
                                                   f"kept in the spool at {self.spool.directory} and sent when "
                                                   f"it recovers")
             elif "timed out" in str(exc):
-                self.warnings.once("slow", f"the collector at {url} does not answer in time ({exc}): records are "
-                                           f"kept in the spool at {self.spool.directory} and sent later")
+                self.warnings.once("slow", f"the collector at {url} did not answer within "
+                                           f"{getattr(self.transport, 'timeout_s', 0):.0f} s: records are kept in "
+                                           f"the spool at {self.spool.directory} and sent when it answers in time")
             else:
                 self.warnings.once("unreachable", f"the collector at {url} does not answer ({exc}): records are "
                                                   f"kept in the spool at {self.spool.directory} and sent when "
@@ -322,8 +349,11 @@ class Delivery:
             self._slow.end()
             raise
         self._slow.end()
+        self._last_send_s = time.monotonic() - started
         self._succeeded()
         self.acknowledged += records - too_large
+        if spooled is None:
+            self._maybe_caught_up()
         self._drop("too_large", too_large)
         if too_large:
             self.warnings.once("too_large", "a step record larger than the collector's body limit was dropped "
@@ -399,6 +429,7 @@ class Delivery:
         if time.monotonic() < self._retry_at:
             return False
         if not self.spool.maybe_pending:
+            self._maybe_caught_up()
             return True
         for path in self.spool.pending():
             if deadline is not None and time.monotonic() > deadline:
@@ -421,4 +452,5 @@ class Delivery:
             if self._dropped.get("rejected", 0) == rejected:  # not moved to rejected/: delivered
                 self.spool.delivered(path)
         self.spool.pending()  # refresh the hint (a batch may have been spooled meanwhile)
+        self._maybe_caught_up()
         return True

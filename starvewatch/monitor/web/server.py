@@ -53,19 +53,44 @@ def _log_to_stderr() -> None:
         logger.setLevel(logging.INFO)
 
 
+def _recorded(directory: Path) -> dict | None:
+    try:
+        info = json.loads(pid_file(directory).read_text())
+        info["pid"] = int(info["pid"])
+        return info
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _is_starvewatch(pid: int) -> bool:
+    if not Path("/proc/self").exists():  # no /proc here: trust the pid file if the pid lives
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:
+            pass
+        return True
+    try:
+        return b"starvewatch" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def running_collector(directory: Path) -> dict | None:
+    """The pid file's record ({pid, url, host, port, ...}) when its collector still runs."""
+    info = _recorded(directory)
+    return info if info is not None and _is_starvewatch(info["pid"]) else None
+
+
 def stop(directory: Path, timeout_s: float = 10.0) -> tuple[bool, str]:
     """Stop the collector recorded in `directory`'s pid file (one started for you)."""
     path = pid_file(directory)
-    try:
-        info = json.loads(path.read_text())
-        pid = int(info["pid"])
-    except (OSError, ValueError, KeyError):
+    info = _recorded(directory)
+    if info is None:
         return False, f"no collector was started from {directory} (no {PID_FILE})"
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        cmdline = b"starvewatch"  # no /proc here: trust the pid file
-    if b"starvewatch" not in cmdline:
+    pid = info["pid"]
+    if not _is_starvewatch(pid):
         path.unlink(missing_ok=True)
         return False, f"the collector (pid {pid}) had already exited"
     try:
