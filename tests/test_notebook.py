@@ -294,9 +294,10 @@ def test_inline_live_page_and_html_summary(kernel, served):
     again = kernel.run('val = sw.watch([1, 2], "val")')  # a second watch of the run: nothing more
     assert [o for o in again.outputs if o.output_type == "display_data"] == []
     done = kernel.run("for b in loader: pass\nsw.finish()")
-    result = [o for o in done.outputs if o.output_type == "execute_result"]
-    assert len(result) == 1
-    report = result[0]["data"]["text/html"]
+    # Shown once: by finish() itself; the cell's value adds nothing.
+    shown = [o for o in done.outputs if o.output_type in ("execute_result", "display_data") and o.get("data")]
+    assert len(shown) == 1, done.outputs
+    report = shown[0]["data"]["text/html"]
     assert "inline" in report and run["id"] in report and "input wait" in report
     assert kernel.value("s = sw.finish(); print(json.dumps([isinstance(s, dict), json.loads(json.dumps(s))"
                         "['run']['id']]))") == [True, run["id"]]
@@ -390,3 +391,37 @@ def test_idle_run_ends_and_a_later_watch_starts_a_new_one(kernel, served):
     assert [r["id"] for r in runs] == [first["id"], second["id"], third["id"]]
     steps = [stored_summary(served, r["id"])["loaders"][0]["steps"] for r in runs]
     assert steps == [3, 3, 3]
+
+
+def test_finish_shows_its_summary_whatever_the_cell_does_with_it(kernel, served):
+    """`summary = finish()` (no cell value) shows the summary once, with the expected speed-up
+    and the line to copy; nothing informational is written to stderr (drawn red as an error);
+    the summary variable alone in a later cell shows it again."""
+    kernel.run("""
+        sw.finish()  # whatever run an earlier test left
+        sw.init("assigned")
+        WAITED = []
+        from torch.utils.data import Dataset
+        class SlowSet(Dataset):
+            def __len__(self):
+                return 160
+            def __getitem__(self, i):
+                time.sleep(0.004)
+                return torch.zeros(2)
+        for batch in sw.watch(DataLoader(SlowSet(), batch_size=4, num_workers=0), "train"):
+            time.sleep(0.004)
+    """)
+    done = kernel.run("summary = sw.finish()")
+    assert not [o for o in done.outputs if o.output_type == "error"], done.outputs
+    shown = [o for o in done.outputs if o.output_type in ("execute_result", "display_data")]
+    assert len(shown) == 1, done.outputs
+    report, text = shown[0]["data"]["text/html"], shown[0]["data"]["text/plain"]
+    assert "assigned" in report and "input wait" in report
+    assert re.search(r"expected [\d.]+x(–[\d.]+x)? faster", report), report
+    assert re.search(r"<pre class='starvewatch-snippet'>DataLoader\(dataset, [^<]*num_workers=\d", report), report
+    assert text.startswith("starvewatch: run assigned")
+    everything = kernel.nb.cells[-2].outputs + done.outputs
+    assert [o for o in everything if o.output_type == "stream" and o.name == "stderr"] == [], everything
+    later = kernel.run("summary")
+    again = [o for o in later.outputs if o.output_type in ("execute_result", "display_data") and o.get("data")]
+    assert len(again) == 1 and "assigned" in again[0]["data"]["text/html"]

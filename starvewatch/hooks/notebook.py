@@ -19,24 +19,12 @@ import weakref
 from pathlib import Path
 from time import perf_counter_ns
 
+from ..console import kernel_shell  # noqa: F401  (where it was; session.py imports it from here)
+
 log = logging.getLogger("starvewatch.hooks")
 
 IDLE_POLL_MAX_S = 5.0
 _ASSIGNED = re.compile(r"\s*([A-Za-z_][\w.]*)\s*(?::[^=]*)?=(?!=)")
-
-
-def kernel_shell():
-    """The IPython shell of the Jupyter kernel this process is, or None (a script, plain
-    IPython in a terminal). A kernel's shell has a `kernel`; the terminal's has none."""
-    ipython = sys.modules.get("IPython")
-    get = getattr(ipython, "get_ipython", None)
-    if get is None:
-        return None
-    try:
-        shell = get()
-    except Exception:
-        return None
-    return shell if shell is not None and getattr(shell, "kernel", None) is not None else None
 
 
 def notebook_run_name(shell) -> str:
@@ -306,27 +294,61 @@ def _pct(x) -> str:
 
 
 class SummaryReport(dict):
-    """finish()'s summary (a plain dict for every use) that a notebook shows as a small HTML
-    report instead of its repr."""
+    """finish()'s summary (a plain dict for every use). finish() displays it in the cell that
+    called it (`show`); shown again as the same cell's value it adds nothing, and in a later
+    cell (`summary` alone) it shows again. `_repr_html_` serves other front ends (nbconvert)."""
+
+    shown_in_cell: int | None = None
 
     def _repr_html_(self) -> str:
         return summary_html(self)
 
+    def _ipython_display_(self) -> None:
+        shell = kernel_shell()
+        if shell is not None and self.shown_in_cell == getattr(shell, "execution_count", None):
+            return  # finish() showed it in this cell already
+        self.show()
+
+    def show(self, text: str | None = None) -> None:
+        from IPython.display import display  # the kernel has IPython loaded already
+        shell = kernel_shell()
+        self.shown_in_cell = getattr(shell, "execution_count", None)
+        if text is None:
+            from .report import format_report
+            text = format_report(self)
+        display({"text/html": summary_html(self), "text/plain": text}, raw=True)
+
 
 def summary_html(summary: dict) -> str:
     import html
+
+    from ..analysis.snippet import snippet
+    from ..quantities import speedup_text
     e = html.escape
     run, verdict = summary.get("run", {}), summary.get("verdict", {})
     rows = "".join(
         f"<tr><td>{e(str(l.get('name')))}</td><td>{l.get('steps')}</td>"
         f"<td>{_pct(l.get('input_wait_fraction'))}</td><td>{e(str(l.get('verdict')))}</td>"
         f"<td>{(l.get('batches_per_s') or 0):.1f}</td></tr>" for l in summary.get("loaders", []))
-    recs = "".join(f"<li>{e(str(r.get('loader')))}: {e(str(r.get('parameter') or r.get('suggested')))}"
-                   + (f"={e(repr(r.get('suggested')))} (now {e(repr(r.get('current')))})" if r.get("parameter") else "")
-                   + f": {e(str(r.get('reason', '')))}</li>" for r in summary.get("recommendations", [])[:3])
+    recs = summary.get("recommendations") or []
+    items = []
+    for r in recs[:3]:
+        change = (f"{e(str(r.get('parameter')))}={e(repr(r.get('suggested')))} (now {e(repr(r.get('current')))})"
+                  if r.get("parameter") else e(str(r.get("suggested"))))
+        gain = (f" <b class='starvewatch-gain'>expected {e(speedup_text(r))} faster</b>"
+                if r.get("expected_speedup") else "")
+        items.append(f"<li>{e(str(r.get('loader')))}: <b>{change}</b>{gain}: {e(str(r.get('reason', '')))}</li>")
+    config = {l.get("name"): l.get("config") for l in summary.get("loaders", [])}
+    lines = [code for name in dict.fromkeys(r.get("loader") for r in recs)
+             if (code := snippet(config.get(name), recs, name))]
+    copy = "".join(f"<div>the line to copy{'' if len(lines) == 1 else ''}:</div>"
+                   f"<pre class='starvewatch-snippet'>{e(code)}</pre>" for code in lines)
+    stake = verdict.get("speedup_at_stake")
+    at_stake = (f"; up to <b>{stake:.2f}x</b> faster if it never waited for data"
+                if stake and verdict.get("input_bound") in ("moderate", "high") else "")
     return (f'<div class="starvewatch-summary"><b>starvewatch</b>: run {e(str(run.get("name")))} '
             f'(<code>{e(str(run.get("id")))}</code>, {e(str(run.get("status")))}): input-bound '
             f'<b>{e(str(verdict.get("input_bound")))}</b>, input wait '
-            f'<b>{_pct(verdict.get("input_wait_fraction"))}</b>'
+            f'<b>{_pct(verdict.get("input_wait_fraction"))}</b>{at_stake}'
             '<table><tr><th>loader</th><th>steps</th><th>wait</th><th>verdict</th><th>batches/s</th></tr>'
-            f'{rows}</table>' + (f"<ul>{recs}</ul>" if recs else "") + "</div>")
+            f'{rows}</table>' + (f"<ul>{''.join(items)}</ul>" if items else "") + copy + "</div>")

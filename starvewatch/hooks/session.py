@@ -15,6 +15,7 @@ import weakref
 from collections import deque
 from time import perf_counter_ns
 
+from ..console import info_stream
 from ..ids import safe_id, safe_name
 from . import cuda
 from .core import take_notice as take_core_notice
@@ -434,7 +435,7 @@ def _rewatched(session: Session, state: LoaderState, config: dict):
     if session.rank == 0 and not session.settings.quiet:
         print(f"starvewatch: {state.name!r} watched again with other settings "
               f"({_changed_settings(state.config, config)}): run {session.run_id} finished, "
-              f"a new run of {session.name!r} starts", file=sys.stderr, flush=True)
+              f"a new run of {session.name!r} starts", file=info_stream(), flush=True)
     _end_for_next_run(session)
     return ensure_session(), None
 
@@ -497,9 +498,20 @@ def finish(*, quiet: bool | None = None) -> dict | None:
             from .notebook import SummaryReport
             summary = SummaryReport(summary)
         _LAST_SUMMARY = summary
-    if not in_kernel and not (session.settings.quiet if quiet is None else quiet):
+    if not (session.settings.quiet if quiet is None else quiet):
         from .report import print_report
-        print_report(summary, session, file=sys.stderr, previous_run_id=_previous_run(session, summary))
+        if in_kernel:
+            # Shown from here, whatever the cell does with the value (`s = finish()` renders
+            # nothing otherwise); the same cell's value then adds nothing (hooks/notebook.py).
+            import io
+            text = io.StringIO()
+            print_report(summary, session, file=text, previous_run_id=_previous_run(session, summary))
+            try:
+                summary.show(text.getvalue().rstrip("\n"))
+            except Exception as exc:  # a display that fails must not fail finish()
+                log.warning("starvewatch: notebook display failed: %s: %s", type(exc).__name__, exc)
+        else:
+            print_report(summary, session, file=sys.stderr, previous_run_id=_previous_run(session, summary))
     return summary
 
 

@@ -73,7 +73,7 @@ class Warnings:
             if kind in self.said:
                 return
             self.said.add(kind)
-        self._print(f"starvewatch: {text}")
+        self._print(f"starvewatch: {text}", info=True)
 
     def recovered(self, text: str) -> None:
         """Delivery works again: say so when an outage was said, and forget the outage's kinds."""
@@ -82,12 +82,13 @@ class Warnings:
             if not outage:
                 return
             self.said -= outage
-        self._print(f"starvewatch: {text}")
+        self._print(f"starvewatch: {text}", info=True)
 
-    def _print(self, line: str) -> None:
+    def _print(self, line: str, info: bool = False) -> None:
         if not self.quiet:
+            from ...console import info_stream
             try:
-                print(line, file=self.stream or sys.stderr, flush=True)
+                print(line, file=self.stream or (info_stream() if info else sys.stderr), flush=True)
             except (OSError, ValueError):  # no console left: nothing to tell
                 pass
 

@@ -93,7 +93,8 @@ def announce(session, found: str) -> None:
     if found == "starvewatch":
         session.dashboard_url = f"{settings.url}/runs/{session.run_id}"
         if not settings.quiet and session.rank == 0:
-            print(f"starvewatch: live dashboard at {session.dashboard_url}", file=sys.stderr, flush=True)
+            from ...console import info_stream
+            print(f"starvewatch: live dashboard at {session.dashboard_url}", file=info_stream(), flush=True)
     elif found == "other" and not settings.quiet:
         print(f"starvewatch: {settings.url} answers, but is not a starvewatch collector (check "
               f"STARVEWATCH_URL); keeping this run's data in {settings.dir / 'spool'}, for "

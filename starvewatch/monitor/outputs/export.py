@@ -14,6 +14,7 @@ from .markdown_sections import straggler_lines, tuning_lines
 from .markdown_text import md_block, md_code, md_text
 from ...quantities import speedup_text
 from ...analysis.diagnosis import joint_changes_note
+from ...analysis.snippet import snippet  # noqa: F401  (the dashboard and reports import it from here)
 
 CSV_COLUMNS = ("run", "rank", "loader", "epoch", "step", "start_ns", "wait_ms", "compute_ms", "other_ms",
                "gpu_idle_ms", "batch_size", "kind", "bucket_s", "bucket_steps")
@@ -68,25 +69,6 @@ def _pct(x) -> str:
 
 def _num(x, digits=2) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
-
-
-def snippet(config: dict | None, recs: list[dict], loader: str) -> str | None:
-    """A copyable DataLoader(...) line with the recommendations applied: exactly the engine's
-    applied configuration. A loader's own batching is kept (batch_size=None, a batch_sampler)."""
-    from ...analysis.diagnosis import applied_config, custom_batch_sampler
-    changed = {r["parameter"]: r["suggested"] for r in recs if r["loader"] == loader and r["parameter"]
-               in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size")}
-    if not changed:
-        return None
-    kwargs = applied_config(config, recs, loader)
-    shown = [f"{k}={v!r}" for k, v in kwargs.items()
-             if k in changed or k == "batch_size" or (k == "persistent_workers" and v)]
-    if custom_batch_sampler(config):
-        shown.insert(0, f"batch_sampler=<your {(config or {}).get('batch_sampler')}>")
-    wrapper = (config or {}).get("wrapper")  # a loader that is not a DataLoader (introspect.wrapped_loader)
-    if wrapper == "torchdata.nodes":
-        return f"ParallelMapper(source, map_fn, {', '.join(shown)})"
-    return f"{'WebLoader' if wrapper == 'WebLoader' else 'DataLoader'}(dataset, {', '.join(shown)})"
 
 
 def to_markdown(summary: dict) -> str:
