@@ -1,15 +1,16 @@
-"""The README's overhead table, written from the results files in benchmarks/results/.
+"""The overhead table of the performance page, written from the results files in benchmarks/results/.
 
-    python -m benchmarks.readme_table [--results DIR] [--readme PATH] [--docs PATH] [--check]
+    python -m benchmarks.readme_table [--results DIR] [--docs PATH] [--check]
 
 Reads overhead.json, instructions.json, sampler.json, ingest.json, end_to_end.json, dashboard.json, soak.json and
 instructions_per_thread.json (each written by the benchmark of the same name) and writes one row per figure, | what |
 measured | target | command |, between <!-- overhead:begin --> and <!-- overhead:end --> in
-README.md and in the docs site's performance page (docs/performance.md). A figure that misses its target is marked "(not met)" here, from the figure; a file
+the docs site's performance page (docs/performance.md; the README links it, as a user's landing
+page holds one sentence on overhead, not the table). A figure that misses its target is marked "(not met)" here, from the figure; a file
 (or a part of one) that is missing reads "not measured"; a file from a shortened run (`--quick`,
 or soak.py shorter than 600 s) reads "(quick run)". A line under the table says when, on how
 many CPUs and under what load (1-minute average at the start and at the end) each was measured.
---check writes nothing and exits 1 when the table differs in either file.
+--check writes nothing and exits 1 when the table differs.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.results_io import README, RESULTS, ROOT, replace_section  # noqa: E402
+from benchmarks.results_io import RESULTS, ROOT, replace_section  # noqa: E402
 
 BEGIN, END = "<!-- overhead:begin -->", "<!-- overhead:end -->"
 DOCS_PAGE = ROOT / "docs" / "performance.md"  # the site's copy of the table
@@ -301,13 +302,12 @@ def table(results: Path = RESULTS) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=RESULTS)
-    parser.add_argument("--readme", type=Path, default=README)
     parser.add_argument("--docs", type=Path, default=DOCS_PAGE, help="the docs page holding the same table")
     parser.add_argument("--check", action="store_true", help="exit 1 when a table is not up to date")
     args = parser.parse_args(argv)
     body = table(args.results)
     stale = []
-    for path in (args.readme, args.docs):
+    for path in (args.docs,):
         text = path.read_text()
         updated = replace_section(text, BEGIN, END, body)
         if updated == text:

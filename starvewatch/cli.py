@@ -399,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
     demo = sub.add_parser("demo", help="run a synthetic starved training, then the fix")
-    demo.add_argument("--quick", action="store_true", help="a few seconds instead of about a minute")
+    demo.add_argument("--quick", action="store_true", help="a few seconds instead of the full demo")
     demo.add_argument("--name", default="demo", help="run name (default: demo)")
     demo.set_defaults(func=cmd_demo)
 

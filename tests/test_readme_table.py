@@ -1,4 +1,4 @@
-"""benchmarks/readme_table.py: the README's overhead table from fabricated results files."""
+"""benchmarks/readme_table.py: the performance page's overhead table from fabricated results files."""
 from __future__ import annotations
 
 import json
@@ -120,44 +120,33 @@ def test_thresholds_both_ways(tmp_path: Path) -> None:
 
 
 def test_main_writes_between_markers_and_check(results: Path, tmp_path: Path) -> None:
-    readme, docs = tmp_path / "README.md", tmp_path / "performance.md"
-    readme.write_text(f"# x\n\nbefore\n\n{readme_table.BEGIN}\nold table\n{readme_table.END}\n\nafter\n")
-    docs.write_text(f"# Performance\n\n{readme_table.BEGIN}\nolder table\n{readme_table.END}\n\nmore\n")
-    paths = ["--results", str(results), "--readme", str(readme), "--docs", str(docs)]
+    docs = tmp_path / "performance.md"
+    docs.write_text(f"# Performance\n\nbefore\n\n{readme_table.BEGIN}\nold table\n{readme_table.END}\n\nafter\n")
+    paths = ["--results", str(results), "--docs", str(docs)]
     assert readme_table.main(paths + ["--check"]) == 1
-    assert "old table" in readme.read_text() and "older table" in docs.read_text()  # --check wrote nothing
+    assert "old table" in docs.read_text()  # --check wrote nothing
     assert readme_table.main(paths) == 0
-    text = readme.read_text()
+    text = docs.read_text()
     assert "old table" not in text
-    assert text.startswith("# x\n\nbefore\n\n" + readme_table.BEGIN + "\n| what | measured | target | command |")
+    assert text.startswith("# Performance\n\nbefore\n\n" + readme_table.BEGIN
+                           + "\n| what | measured | target | command |")
     assert text.endswith(readme_table.END + "\n\nafter\n")
-    page = docs.read_text()
-    assert page == "# Performance\n\n" + text[text.index(readme_table.BEGIN):text.index(readme_table.END)] \
-        + readme_table.END + "\n\nmore\n"
     assert readme_table.main(paths + ["--check"]) == 0
-
-
-def test_check_covers_the_docs_page_alone(results: Path, tmp_path: Path) -> None:
-    readme, docs = tmp_path / "README.md", tmp_path / "performance.md"
-    for path in (readme, docs):
-        path.write_text(f"{readme_table.BEGIN}\nold\n{readme_table.END}\n")
-    paths = ["--results", str(results), "--readme", str(readme), "--docs", str(docs)]
-    assert readme_table.main(paths) == 0
-    docs.write_text(docs.read_text().replace("| what |", "| WHAT |"))  # only the page goes stale
+    docs.write_text(docs.read_text().replace("| what |", "| WHAT |"))  # the page goes stale
     assert readme_table.main(paths + ["--check"]) == 1
 
 
-@pytest.mark.parametrize("page, heading", [("README.md", "## Overhead and speed, measured"),
-                                           ("docs/performance.md", "## Current figures")])
-def test_repo_pages_have_the_markers(page: str, heading: str) -> None:
-    text = (ROOT / page).read_text()
+def test_the_table_is_on_the_performance_page_and_the_readme_links_it() -> None:
+    text = (ROOT / "docs/performance.md").read_text()
     assert text.count(readme_table.BEGIN) == 1 and text.count(readme_table.END) == 1
-    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
+    section = text.split("## Current figures", 1)[1].split("\n## ", 1)[0]
     assert section.index(readme_table.BEGIN) < section.index(readme_table.END)
+    readme = (ROOT / "README.md").read_text()
+    assert readme_table.BEGIN not in readme and "](docs/performance.md)" in readme
 
 
 def test_repo_tables_are_up_to_date() -> None:
-    """The README's and the site's figures are the results files' (both written by the script)."""
+    """The site's figures are the results files' (written by the script)."""
     assert readme_table.main(["--check"]) == 0
 
 
