@@ -1,8 +1,11 @@
-"""Regenerate docs/dashboard-run.png and docs/dashboard-compare.png from a real demo.
+"""Regenerate the dashboard's screenshots in docs/ from a real demo: dashboard-run.png and
+dashboard-compare.png (Reading the dashboard), and the tutorial's (Your first 10 minutes):
+tutorial-runs.png, tutorial-answer.png, tutorial-compare.png.
 
 Starts a collector on a free loopback port in a temporary directory, runs `starvewatch demo
---quick` against it, and opens the pages a new user would: the starved run's page (the answer) and
-the compare link the demo prints. Needs Chromium at /usr/bin/chromium (or CHROMIUM=...).
+--quick` against it, and opens the pages a new user would: the list of runs, the starved run's
+page (the answer) and the compare link the demo prints. Needs Chromium at /usr/bin/chromium (or
+CHROMIUM=...).
 
     python docs/screenshots.py
 """
@@ -19,6 +22,8 @@ import urllib.request
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
+SHOTS = ("dashboard-run.png", "dashboard-compare.png", "tutorial-runs.png", "tutorial-answer.png",
+         "tutorial-compare.png")
 
 
 def free_port() -> int:
@@ -64,19 +69,26 @@ def main() -> int:
                 browser = p.chromium.launch(executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"),
                                             args=["--no-sandbox", "--disable-gpu"])
                 page = browser.new_page(viewport={"width": 1300, "height": 900})
+                page.goto(url + "/")
+                page.wait_for_selector("#runs-table td", timeout=60_000)
+                page.set_viewport_size({"width": 1300, "height": 420})
+                page.screenshot(path=str(DOCS / "tutorial-runs.png"))
+                page.set_viewport_size({"width": 1300, "height": 900})
                 page.goto(f"{url}/runs/{compare.group(2)}")
                 page.wait_for_selector("#top-change", timeout=60_000)
                 page.wait_for_selector("#histogram-graph .js-plotly-plot .bars", timeout=60_000)
+                page.locator("#answer").screenshot(path=str(DOCS / "tutorial-answer.png"))
                 page.screenshot(path=str(DOCS / "dashboard-run.png"), full_page=True)
                 page.set_viewport_size({"width": 1300, "height": 560})
                 page.goto(compare.group(1))
                 page.wait_for_selector("#verify-table", timeout=60_000)
                 page.screenshot(path=str(DOCS / "dashboard-compare.png"), full_page=True)
+                page.screenshot(path=str(DOCS / "tutorial-compare.png"))
                 browser.close()
         finally:
             collector.terminate()
             collector.wait(20)
-    print(f"wrote {DOCS / 'dashboard-run.png'} and {DOCS / 'dashboard-compare.png'}")
+    print(f"wrote {', '.join(SHOTS)} in {DOCS}")
     return 0
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-README_MAX_LINES = 200
+README_MAX_LINES = 120
 
 
 def _mkdocs(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
@@ -46,7 +46,8 @@ def _text(html_file: Path) -> str:
 
 
 def test_every_page_of_the_nav_is_built_and_uses_no_web_font(site):
-    pages = ["index.html", "getting-started/index.html", "what-it-measures/index.html",
+    pages = ["index.html", "getting-started/index.html", "tutorial/index.html", "api/index.html",
+             "troubleshooting/index.html", "what-it-measures/index.html",
              "dashboard/index.html", "diagnosis/index.html", "tuning/index.html", "loaders-supported/index.html",
              "fleets/index.html", "reliability/index.html", "security/index.html",
              "performance/index.html", "configuration/index.html", "reference/api/index.html",
@@ -58,8 +59,49 @@ def test_every_page_of_the_nav_is_built_and_uses_no_web_font(site):
     for image in ("dashboard-run.png", "dashboard-compare.png"):
         assert (site / image).stat().st_size > 10_000
         assert f'src="../{image}"' in (site / "dashboard/index.html").read_text()
+    for image in ("tutorial-runs.png", "tutorial-answer.png", "tutorial-compare.png"):
+        assert (site / image).stat().st_size > 10_000
+        assert f'src="../{image}"' in (site / "tutorial/index.html").read_text()
     # what is only a tool of the docs is not published
     assert not (site / "screenshots.py").exists() and not (site / "_hooks").exists()
+
+
+def test_the_python_api_page_documents_every_public_function_and_argument(site):
+    import inspect
+
+    import starvewatch
+    text = _text(site / "api/index.html")
+    for name in ("watch", "init", "finish", "step", "phase", "tune"):
+        function = getattr(starvewatch, name)
+        doc = inspect.getdoc(function)
+        assert "Example:" in doc and "Returns:" in doc, name
+        assert f"starvewatch.{name}" in text, name
+        for parameter in inspect.signature(function).parameters.values():
+            shown = "**options" if parameter.kind is parameter.VAR_KEYWORD else parameter.name
+            assert shown in doc.split("Args:", 1)[1].split("Returns:", 1)[0], f"{name}({parameter.name})"
+    # the examples are rendered as code
+    assert text.count("import starvewatch") >= 2
+
+
+def test_user_pages_come_first_and_internals_last():
+    import yaml
+    nav = yaml.safe_load("nav:\n" + (REPO / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1])["nav"]
+    titles = [next(iter(entry)) for entry in nav]
+    assert titles[:3] == ["Home", "Getting started", "Your first 10 minutes"]
+    internals = next(entry["Internals"] for entry in nav if "Internals" in entry)
+    assert [next(iter(e.values())) for e in internals] == ["design.md", "performance.md"]
+    assert titles.index("Internals") > titles.index("Reference") > titles.index("Troubleshooting")
+    assert "/site/" in (REPO / ".gitignore").read_text().splitlines()
+
+
+def test_every_http_route_is_described_with_an_example(site):
+    from starvewatch.monitor.web.app import create_app
+    from starvewatch.monitor.web.collector_settings import CollectorSettings
+    document = create_app(CollectorSettings(dir=REPO / "does-not-matter")).openapi()
+    for path, ops in document["paths"].items():
+        for method, op in ops.items():
+            assert "Example: `curl" in op.get("description", ""), f"{method.upper()} {path}"
+    assert "Example: curl" in _text(site / "reference/api/index.html")
 
 
 def test_the_api_page_is_the_openapi_document_of_this_code(site):
@@ -123,10 +165,19 @@ def test_the_readme_is_a_landing_page_whose_links_all_resolve():
     local = [link for link in links if "://" not in link]
     assert "docs/getting-started.md" in local and "LICENSE" in local
     assert [link for link in local if not (REPO / link).exists()] == []
-    # the two commands, one screenshot, the overhead table
+    # the two commands of a fresh machine (the second under Development), one screenshot, and
+    # overhead as a sentence that links the performance page, not its table
     assert "starvewatch demo" in readme and "bash .ci/run" in readme
+    assert readme.index("## Quickstart") < readme.index("starvewatch demo") < readme.index("## Development") \
+        < readme.index("bash .ci/run")
     assert len(re.findall(r"!\[[^\]]*\]\(", readme)) == 1
-    assert "<!-- overhead:begin -->" in readme
+    assert "<!-- overhead:begin -->" not in readme and "docs/performance.md" in local
+    # installed from a checkout into the user's environment: no torch pin, no PyPI name
+    assert "torch==" not in readme and "pip install starvewatch" not in readme
+    assert "--index-url https://download.pytorch.org/whl/cpu" in readme
+    # maintainer material lives in the docs
+    for moved in ("_ccore.c", "STARVEWATCH_CORE", "(former README section)", "not met**"):
+        assert moved not in readme
     # the tables that moved to the site are not in it any more
     for moved in ("<!-- scenarios:begin -->", "| fault | effect on training |", "| rule | advice | kind |",
                   "| variable | meaning |"):

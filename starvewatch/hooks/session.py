@@ -287,7 +287,34 @@ def _register_atexit() -> None:
 
 
 def init(name: str | None = None, *, url: str | None = None, dir=None, transport=None) -> Session | None:
-    """Start (or return) this process's run. Optional: the first `watch()` calls it."""
+    """Start this process's run, or return the one in progress.
+
+    Optional: the first `watch()` calls it. Call it yourself to name the run or to send it
+    somewhere else than the environment says.
+
+    Args:
+        name: the run's name, shared by its runs so that they can be compared (default:
+            `STARVEWATCH_RUN_NAME`, else the script's file name, or the notebook's). Each run
+            also gets a unique id, `NAME-YYYYMMDD-HHMMSS-xxxxxx`.
+        url: the collector's address (default: `STARVEWATCH_URL`, else
+            `http://127.0.0.1:8412`, where a collector is started for you when none answers);
+            `"off"` keeps every record in the spool.
+        dir: the data directory for the spool and the database (default: `STARVEWATCH_DIR`,
+            else `~/.starvewatch`).
+        transport: where batches of records go instead of the collector; for tests (a
+            `MemoryTransport` keeps them in a list).
+
+    Returns:
+        The run (a `Session`), or None when `STARVEWATCH_DISABLED=1`.
+
+    Example:
+        ```python
+        import starvewatch
+
+        starvewatch.init("resnet50-baseline")
+        loader = starvewatch.watch(DataLoader(dataset, batch_size=64, num_workers=4))
+        ```
+    """
     global _SESSION, _RESUME
     with _LOCK:
         if _SESSION is not None and _SESSION.active:
@@ -376,7 +403,38 @@ def ensure_session() -> Session | None:
 
 
 def watch(loader, name: str | None = None):
-    """Wrap a loader (a DataLoader or any iterable) so every batch is timed."""
+    """Wrap a loader so that every batch is timed: how long the loop waited for it, and how
+    long it computed before asking for the next.
+
+    The loader iterates exactly as before. A `DataLoader` stays a `DataLoader` (of its own
+    class, with every attribute it had); anything else iterable is wrapped. The first call
+    starts the run (`init()`); watching the same loader again returns it unchanged.
+
+    Args:
+        loader: a `torch.utils.data.DataLoader`, an accelerate-prepared loader, a torchdata,
+            webdataset, Hugging Face `datasets` or LitData loader, or any iterable of batches.
+        name: the loader's name in the run, when it has several (`"train"`, `"val"`). Default:
+            the variable it is assigned to in a notebook cell, else `train`, then `loader2`...
+
+    Returns:
+        The loader to iterate in place of the one given.
+
+    Raises:
+        TypeError: `loader` is not iterable.
+
+    Example:
+        ```python
+        import starvewatch
+
+        train = starvewatch.watch(DataLoader(train_set, batch_size=64, num_workers=4), "train")
+        val = starvewatch.watch(DataLoader(val_set, batch_size=256), "val")
+        for epoch in range(10):
+            for batch in train:
+                train_step(batch)
+            for batch in val:
+                evaluate(batch)
+        ```
+    """
     if is_watched(loader):
         return loader
     if loader is None or not hasattr(loader, "__iter__"):
@@ -460,7 +518,30 @@ def _in_kernel(shell, session: Session) -> None:
 
 
 def finish(*, quiet: bool | None = None) -> dict | None:
-    """Flush, stop the threads, end the run and return its summary (starvewatch.summary/1)."""
+    """End the run: deliver what is left, stop its threads, and return its summary.
+
+    Optional in a script (the run ends when the process exits); the way to end a run in a
+    notebook, where it shows the summary in the cell. Called again, it returns the last
+    summary.
+
+    Args:
+        quiet: True: print nothing (default: `STARVEWATCH_QUIET`). Otherwise the summary is
+            printed to stderr (the verdict, the input wait, the change to make and the
+            dashboard's address), or shown in a Jupyter kernel, once, whatever the cell does
+            with the value.
+
+    Returns:
+        The summary, a dict of the `starvewatch.summary/1` schema (the run, each loader's
+        figures, the verdict, the recommendations), or None when no run was started.
+
+    Example:
+        ```python
+        summary = starvewatch.finish()
+        print(summary["verdict"]["input_bound"], summary["verdict"]["input_wait_fraction"])
+        for rec in summary["recommendations"]:
+            print(rec["loader"], rec["parameter"], rec["current"], "->", rec["suggested"])
+        ```
+    """
     global _LAST_SUMMARY, _RESUME
     with _LOCK, _child_exits_deferred():
         session = _SESSION

@@ -172,6 +172,12 @@ def _service_routes(app: FastAPI, state: dict) -> None:
 
     @app.get("/healthz")
     async def healthz():
+        """Whether a starvewatch collector answers here, its version and schemas. The hooks and the
+        CLI ask it first. Without the token of a collector that has one, it answers 401 with a
+        body naming starvewatch, so a client still knows what answers.
+
+        Example: `curl http://127.0.0.1:8412/healthz` gives `{"service": "starvewatch", "version":
+        "0.1.0", "pid": 4242, ...}`."""
         return {"service": SERVICE, "version": __version__, "pid": os.getpid(),
                 "events_schema": EVENTS_SCHEMA, "summary_schema": SUMMARY_SCHEMA,
                 "uptime_s": time.time() - state.get("started", time.time())}
@@ -182,6 +188,11 @@ def _ingest_routes(app: FastAPI, state: dict, settings: CollectorSettings) -> No
 
     @app.post("/api/v1/ingest")
     async def ingest(request: Request):
+        """Store one batch of a run's step records and samples (what the hooks send). A batch is
+        stored whole or not at all, and once: a batch sent again answers `"duplicate": true`.
+
+        Example: `curl -X POST -H 'Content-Type: application/json' --data @batch.json
+        http://127.0.0.1:8412/api/v1/ingest`."""
         body = await read_json_body(request, settings)
         try:
             batch = EventBatch.model_validate_json(body)
@@ -207,24 +218,42 @@ def _run_routes(app: FastAPI, state: dict) -> None:
     @app.get("/api/v1/runs")
     def list_runs(status: str | None = Q(None, pattern="^(live|stalled|finished|lost)$"),
                   q: str | None = Q(None, max_length=200)):
+        """The runs, newest first, each with its status, verdict, input wait and throughput.
+        `status` keeps one status; `q` keeps runs whose name or id contains it.
+
+        Example: `curl 'http://127.0.0.1:8412/api/v1/runs?status=live&q=resnet'`."""
         return FastJSONResponse({"runs": state["query"].list_runs(status=status, search=q)})
 
     @app.get("/api/v1/runs/{run_id}")
     def run_detail(run_id: str):
+        """One run: its metadata (host, ranks, status, start and end) and its loaders.
+
+        Example: `curl http://127.0.0.1:8412/api/v1/runs/train-20261122-021033-19e2a8`."""
         return FastJSONResponse(state["query"].detail(run_id))
 
     @app.delete("/api/v1/runs/{run_id}")
     def delete_run(run_id: str):
+        """Delete a run and all its data (`starvewatch runs delete RUN` asks first).
+
+        Example: `curl -X DELETE http://127.0.0.1:8412/api/v1/runs/train-20261122-021033-19e2a8`."""
         if not state["store"].delete_run(run_id):
             raise NotFound(f"unknown run id {run_id!r}")
         return {"deleted": run_id}
 
     @app.get("/api/v1/runs/{run_id}/summary")
     def summary(run_id: str, rank: int | None = Q(None, ge=0, le=INT64_MAX)):
+        """The run's summary (`starvewatch.summary/1`, as `finish()` returns it): each loader's
+        figures, the verdict and the recommendations. `rank` gives one rank's alone.
+
+        Example: `curl http://127.0.0.1:8412/api/v1/runs/RUN_ID/summary`."""
         return FastJSONResponse(state["query"].summary(run_id, rank))
 
     @app.get("/api/v1/runs/{run_id}/stragglers")
     def stragglers(run_id: str):
+        """For a run of several ranks: which ranks are slower than the others (the straggler
+        rule of [The diagnosis](../diagnosis.md)).
+
+        Example: `curl http://127.0.0.1:8412/api/v1/runs/RUN_ID/stragglers`."""
         state["query"].run_meta(run_id)  # 404 for an unknown run
         return FastJSONResponse(state["query"].stragglers(run_id))
 
@@ -236,31 +265,51 @@ def _run_data_routes(app: FastAPI, state: dict) -> None:
     def steps(run_id: str, after: int = Q(0, ge=0, le=INT64_MAX), limit: int = Q(10_000, ge=1, le=100_000),
               loader: str | None = None):
         """The run's raw step rows, a page at a time (`next_after`). Steps folded by the storage
-        budget are in `rolled_up` (per rank: before `until`); the CSV export has their buckets."""
+        budget are in `rolled_up` (per rank: before `until`); the CSV export has their buckets.
+
+        Example: `curl 'http://127.0.0.1:8412/api/v1/runs/RUN_ID/steps?limit=1000&after=0'`."""
         return FastJSONResponse(state["query"].steps_page(run_id, after=after, limit=limit, loader=loader))
 
     @app.get("/api/v1/runs/{run_id}/series")
     def series(run_id: str, loader: str | None = None, rank: int | None = Q(None, ge=0, le=INT64_MAX),
                points: int = Q(500, ge=1, le=10_000)):
+        """The run's figures over time in at most `points` buckets, per loader or for one `rank`
+        (the run page's charts).
+
+        Example: `curl 'http://127.0.0.1:8412/api/v1/runs/RUN_ID/series?loader=train&points=300'`."""
         return FastJSONResponse(state["query"].rollup_series(run_id, loader=loader, rank=rank, points=points))
 
     @app.get("/api/v1/runs/{run_id}/steps/series")
     def step_series(run_id: str, loader: str = "train", rank: int = Q(0, ge=0, le=INT64_MAX),
                     points: int = Q(1000, ge=1, le=10_000)):
+        """One loader's wait and compute per step, thinned to at most `points` steps (the slowest
+        of each stretch kept), for one rank.
+
+        Example: `curl 'http://127.0.0.1:8412/api/v1/runs/RUN_ID/steps/series?loader=train'`."""
         return FastJSONResponse(state["query"].step_series(run_id, loader=loader, rank=rank, points=points))
 
     @app.get("/api/v1/runs/{run_id}/distributions")
     def distributions(run_id: str, loader: str = "train"):
-        """Wait and compute per batch of one loader as log-bucketed counts (the compare page's)."""
+        """Wait and compute per batch of one loader as log-bucketed counts (the compare page's).
+
+        Example: `curl 'http://127.0.0.1:8412/api/v1/runs/RUN_ID/distributions?loader=train'`."""
         return FastJSONResponse(state["query"].distributions(run_id, loader))
 
     @app.get("/api/v1/runs/{run_id}/workers/memory")
     def workers_memory(run_id: str):
+        """Memory of each DataLoader worker over time (USS and PSS, read by the sidecar): a growing
+        worker shows copy-on-read.
+
+        Example: `curl http://127.0.0.1:8412/api/v1/runs/RUN_ID/workers/memory`."""
         return FastJSONResponse(state["query"].worker_memory(run_id))
 
     @app.get("/api/v1/runs/{run_id}/events/{kind}")
     def events(run_id: str, kind: str, since_ns: int = Q(0, ge=0, le=INT64_MAX), limit: int = Q(5000, ge=1, le=50_000),
                newest: bool = False):
+        """The run's raw events of one `kind`: `samples` (host and GPU readings), `workers` (worker
+        load times) or `stalls`, after `since_ns`; `newest=true` gives the last ones.
+
+        Example: `curl 'http://127.0.0.1:8412/api/v1/runs/RUN_ID/events/stalls'`."""
         if kind not in ("samples", "workers", "stalls"):
             raise HTTPException(404, f"unknown event kind {kind!r}: samples, workers or stalls")
         return FastJSONResponse({"events": state["query"].events(run_id, kind, since_ns=since_ns, limit=limit,
@@ -272,6 +321,11 @@ def _tuning_routes(app: FastAPI, state: dict, settings: CollectorSettings) -> No
 
     @app.post("/api/v1/runs/{run_id}/tuning")
     async def store_tuning(run_id: str, request: Request):
+        """Store `starvewatch tune` results with a run (`tune --run NAME` sends them); the run page
+        shows them.
+
+        Example: `curl -X POST -H 'Content-Type: application/json' --data @tuning.json
+        http://127.0.0.1:8412/api/v1/runs/RUN_ID/tuning`."""
         from ...analysis.measured_tuning import TuningDocument
         body = await read_json_body(request, settings)
         try:
@@ -284,6 +338,10 @@ def _tuning_routes(app: FastAPI, state: dict, settings: CollectorSettings) -> No
 
     @app.get("/api/v1/runs/{run_id}/tuning")
     def tuning(run_id: str):
+        """The `starvewatch tune` results stored with a run: each configuration measured and the
+        one picked.
+
+        Example: `curl http://127.0.0.1:8412/api/v1/runs/RUN_ID/tuning`."""
         document = state["query"].tuning(run_id)
         if document is None:
             raise NotFound(f"run {run_id!r} has no tuning results: `starvewatch tune module:factory "
@@ -296,6 +354,10 @@ def _export_routes(app: FastAPI, state: dict) -> None:
 
     @app.get("/api/v1/runs/{run_id}/export")
     def export_run(run_id: str, format: str = Q("json", pattern="^(json|csv|md|html)$")):
+        """The run as a file to download: `json` (the summary), `csv` (one row per step, streamed),
+        `md` (a report) or `html` (one self-contained report with charts, opens offline).
+
+        Example: `curl -OJ 'http://127.0.0.1:8412/api/v1/runs/RUN_ID/export?format=csv'`."""
         from ..outputs.export import csv_chunks, export_text
         from ..storage.sources import LocalSource, SourceError
         source = LocalSource(state["store"], "this collector")
@@ -320,6 +382,10 @@ def _metrics_routes(app: FastAPI) -> None:
 
     @app.get("/metrics")
     def metrics():
+        """The live runs' figures in Prometheus' text format (input wait, batches/s, verdict level
+        per run and loader); see [Fleets](../fleets.md).
+
+        Example: `curl http://127.0.0.1:8412/metrics`."""
         body, content_type = render(app.state.registry)
         return PlainTextResponse(body, media_type=content_type)
 
