@@ -43,7 +43,15 @@ def test_compare_page_draws_both_runs_and_the_verdict(collector, browser, stored
     assert re.search(r"-9\d\.\d% \(0\.0\d+x\)", p95), p95  # readable, not "0.00x"
     changed = page.locator("#config-diff tr.sw-changed").all_inner_texts()
     assert len(changed) == 1 and "num_workers" in changed[0] and str(rec["suggested"]) in changed[0]
-    assert "batch_size" in page.inner_text("#config-diff")  # the unchanged settings are listed, not marked
+    # The unchanged settings wait behind a toggle, listed and not marked.
+    assert "batch_size" not in page.inner_text("#config-diff")
+    assert not page.locator("#config-unchanged").is_visible()
+    page.click("#config-unchanged-details summary")
+    assert "batch_size" in page.inner_text("#config-unchanged")
+    assert page.locator("#config-unchanged tr.sw-changed").count() == 0
+    # Better in green, worse in red: the waits fell a hundredfold.
+    wait_row = page.locator("#compare-table tr", has_text="wait p95").locator("td").nth(4)
+    assert wait_row.get_attribute("class") == "sw-better"
 
     # The verdict: the measured interval with the prediction as a diamond.
     page.wait_for_function("() => document.querySelector('#verify-graph .js-plotly-plot')?.data?.length === 2")
@@ -62,8 +70,12 @@ def test_compare_page_draws_both_runs_and_the_verdict(collector, browser, stored
     wait = _traces(page, "compare-wait-0")
     assert [t["name"] for t in wait] == ["before: before (300 batches)", "after: after (300 batches)"]
     assert page.evaluate("document.querySelector('#compare-wait-0 .js-plotly-plot')._fullLayout.xaxis.type") == "log"
+    # The log axis reads as numbers in order (1, 2, 5, 10, 20...), not plotly's "2 5 10 2 5 100".
+    ticks = [float(t.replace(",", "")) for t in page.locator("#compare-wait-0 .xtick text").all_text_contents()]
+    assert len(ticks) >= 3 and ticks == sorted(set(ticks)), ticks
     throughput = _traces(page, "compare-throughput-0")
     assert all(min(t["x"]) >= 0 for t in throughput)  # seconds from each run's start
+    assert all(t["name"].endswith("(5 s window)") for t in throughput)  # a rate, not 1 s integer buckets
     # The loader's name is shown as text in the charts' titles and legends too.
     titles = page.locator("#compare-result .gtitle").all_text_contents()
     assert f"first → {HOSTILE}: wait per batch" in titles

@@ -82,6 +82,17 @@ def test_exported_html_report_opens_offline_with_its_charts(collector, browser, 
     assert page.locator(".js-plotly-plot").count() >= 4
     assert "starvewatch report" in page.inner_text("h1")
     assert all(u.startswith(("file:", "data:", "blob:")) for u in requests), requests  # no CDN
+    # It opens as the dashboard's run page does: the title, then the verdict box, then the rest.
+    order = page.evaluate("['h1', '#answer', 'h2'].map(s => document.querySelector(s).getBoundingClientRect().top)")
+    assert order == sorted(order), order
+    from starvewatch.analysis.answer_text import verdict_sentence  # the dashboard's answer card says it too
+    assert page.inner_text("#verdict-sentence") == verdict_sentence(c.get(f"/api/v1/runs/{run_id}/summary"))
+    # Lists are lists (no literal "- " before a line), times are read to the second, in UTC.
+    text = page.inner_text("body").split("\nCharts\n", 1)[0]  # the summary, not the charts' axes
+    assert not [line for line in text.splitlines() if line.lstrip().startswith("- ")], text[:2000]
+    assert page.locator("li").count() >= 3
+    assert re.search(r"started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, ended \d{4}-", text), text[:1000]
+    assert not re.search(r"\d\d:\d\d:\d\d\.\d+", text)  # no microseconds
     assert errors == []
 
 
@@ -157,9 +168,21 @@ def test_run_page_answers_first_and_links_to_its_comparison(collector, browser, 
     assert page.inner_text("#verdict-sentence").startswith(("Input-bound", "Partly input-bound"))
     assert "num_workers: 0 →" in page.inner_text("#top-change")
     assert re.fullmatch(r"expected \d+\.\d\dx faster", page.inner_text("#top-speedup"))
+    # The evidence and the full configuration wait behind toggles; the change is always shown.
+    assert not page.locator("#evidence-table").is_visible() and not page.locator("#config-train").is_visible()
+    assert "num_workers" in page.locator("#config-changes-train tr.sw-changed").inner_text()
+    assert page.locator("#config-changes-train").is_visible()
+    page.click("#evidence summary")
     evidence = page.inner_text("#evidence-table")
     assert re.search(r"load per batch\s+[\d.]+ ms", evidence) and re.search(r"cores\s+\d+", evidence)
-    assert "num_workers" in page.inner_text("#config-train tr.sw-changed")
+    page.click("#config-details-train summary")
+    assert page.locator("#config-train").is_visible()
+    assert "num_workers" in page.inner_text("#config-train tr.sw-changed") and "batch_size" in page.inner_text("#config-train")
+    # At 1400 px the eight tiles are one row (STEPS used to wrap alone onto a second).
+    page.set_viewport_size({"width": 1400, "height": 1600})
+    tops = page.evaluate("Array.from(document.querySelectorAll('.sw-kpi')).map(k => k.getBoundingClientRect().top)")
+    assert len(tops) == 8 and len(set(tops)) == 1, tops
+    page.set_viewport_size({"width": 1300, "height": 1600})
     # Both positions in one read of the page, so no redraw can fall between them.
     answer_y, timeline_y = page.evaluate(
         "['#answer', '#timeline-graph'].map(s => document.querySelector(s).getBoundingClientRect().top)")
@@ -202,6 +225,9 @@ def test_run_page_answers_first_and_links_to_its_comparison(collector, browser, 
     page.wait_for_function("() => document.querySelector('#workers-graph-0 .js-plotly-plot')?.data?.length === 2",
                            timeout=30_000)
     assert sorted(t["name"] for t in _plotly(page, "workers-graph-0")["data"]) == ["worker 0", "worker 1"]
+    # A finished run: what the workers did, not a "now" that would read "0/2 workers alive".
+    workers_text = page.inner_text("#workers-panel")
+    assert "now:" not in workers_text and "alive" not in workers_text and "2 workers, as last seen" in workers_text
     assert not RAW_JSON.search(page.inner_text("#page"))
     if os.environ.get("STARVEWATCH_SCREENSHOTS"):  # docs/dashboard-run.png
         page.screenshot(path=os.path.join(os.environ["STARVEWATCH_SCREENSHOTS"], "dashboard-run.png"), full_page=True)
@@ -209,6 +235,10 @@ def test_run_page_answers_first_and_links_to_its_comparison(collector, browser, 
     page.wait_for_selector("#verify-table", timeout=30_000)
     assert page.url == f"{c.url}/compare?a={before}&b={after}"
     assert "num_workers=" in page.inner_text("#verify-table") and "batches/s" in page.inner_text("#compare-table")
+    # Better and worse in colour: the throughput that rose is green.
+    rate = page.locator("#compare-table tr", has_text="batches/s").locator("td").nth(4)
+    assert rate.get_attribute("class") == "sw-better"
+    assert page.evaluate("(e) => getComputedStyle(e).color", rate.element_handle()) == "rgb(46, 125, 70)"
 
     # A deep link to /compare shows both runs and their comparison on first load.
     fresh = context.new_page()

@@ -275,3 +275,49 @@ def test_the_run_page_shows_the_latest_workers_and_host_samples_of_a_long_run(tm
         [(start_s + i) * 10**9 for i in range(3)]  # the API's default: from the start
     assert [e["t_ns"] for e in query.events("run-a", "samples", limit=3, newest=True)] == \
         [(start_s + i) * 10**9 for i in range(5997, 6000)]
+
+
+def test_throughput_is_a_rate_over_a_window_not_a_bucket_count():
+    """A job at 1.5 batches/s fills 1 s buckets with 1, 2, 1, 2...: the charts draw the rate over
+    5 s, never the saw-tooth."""
+    from starvewatch.monitor.outputs import figures
+    series = {"bucket_s": 1, "points": [{"t_s": 1000 + i, "t": "", "steps": 1 + i % 2, "batches_per_s": 1 + i % 2}
+                                        for i in range(40)]}
+    middles, rates, window = figures.windowed_rate(series)
+    assert window == 5 and len(rates) == 40 and middles[0] == 1000.5
+    assert all(1.3 <= r <= 1.7 for r in rates), rates
+    assert abs(sum(rates[5:-5]) / len(rates[5:-5]) - 1.5) < 0.05
+    fig = figures.throughput_over_time(series)
+    assert list(fig.data[0].y) == rates and fig.data[0].name == "batches/s (5 s window)"
+    # A run longer than the page's points: buckets of 8 s, a window of 5 buckets.
+    long = {"bucket_s": 8, "points": [{"t_s": 8 * i, "steps": 80} for i in range(20)]}
+    assert figures.windowed_rate(long)[2] == 40 and set(figures.windowed_rate(long)[1]) == {10.0}
+
+
+def test_log_axis_ticks_read_as_numbers():
+    from starvewatch.monitor.outputs.figures import log_ticks
+    assert log_ticks(0.8, 230) == ([1, 2, 5, 10, 20, 50, 100, 200], ["1", "2", "5", "10", "20", "50", "100", "200"])
+    assert log_ticks(0.15, 3)[1] == ["0.2", "0.5", "1", "2"]
+    assert log_ticks(0.01, 5000)[1] == ["0.01", "0.1", "1", "10", "100", "1,000"]  # many decades: powers of ten
+
+
+def test_a_finished_runs_workers_show_no_now():
+    events = [{"loader": "train", "t_ns": 10**18, "configured_workers": 1, "alive_workers": 0, "queue_depth": None,
+               "queue_capacity": 2, "workers": [{"id": 0, "pid": 11, "state": "gone", "load_ms_mean": 12.5,
+                                                 "batches": 40}]}]
+    live = _text(views.workers_panel(events, "train"))
+    assert "now: 0/1 workers alive" in live
+    finished = _text(views.workers_panel(events, "train", live=False))
+    assert "now:" not in finished and "alive" not in finished and "gone" not in finished
+    assert "1 workers, as last seen" in finished and "12.50 ms" in finished
+
+
+def test_compare_colours_better_and_worse():
+    def row(metric, kind, **change):
+        return {"metric": metric, "kind": kind, "change_pct": None, "change_points": None, **change}
+    assert views.direction(row("batches/s", "rate", change_pct=40.0)) == "better"
+    assert views.direction(row("batches/s", "rate", change_pct=-29.0)) == "worse"
+    assert views.direction(row("input wait", "fraction", change_points=-20.0, change_pct=-60.0)) == "better"
+    assert views.direction(row("wait p95 (ms)", "ms", change_pct=18.6)) == "worse"
+    assert views.direction(row("compute mean (ms)", "ms", change_pct=-30.0)) is None  # neither
+    assert views.direction(row("batches/s", "rate", change_pct=1.0)) is None  # noise

@@ -11,51 +11,10 @@ from ..monitor.outputs.export import snippet
 from .. import quantities
 from ..quantities import speedup_text
 
-FACTORS = {
-    "input_bound_cpu": "data loading is CPU-bound",
-    "input_bound_io": "data loading waits on reads or latency, not CPU",
-    "epoch_startup": "workers restart at every epoch",
-    "host_bound": "the host's CPU is saturated",
-    "compute_bound": "compute, not data",
-    "gpu_transforms": "GPU-side transforms",
-}
-
-
-def kind(rec: dict) -> str:
-    """Recommendations without `kind` come from runs before it existed: they were all speed-ups."""
-    return rec.get("kind") or "speedup"
-
-
-def speedups(summary: dict) -> list[dict]:
-    return [r for r in summary.get("recommendations") or [] if kind(r) == "speedup"]
-
-
-def protective(summary: dict) -> list[dict]:
-    return [r for r in summary.get("recommendations") or [] if kind(r) == "protective"]
-
-
-def change_text(rec: dict) -> str:
-    if not rec.get("parameter"):
-        return str(rec.get("suggested"))
-    return f"{rec['parameter']}: {rec['current']!r} → {rec['suggested']!r}"
-
-
-def verdict_sentence(summary: dict) -> str:
-    v = summary["verdict"]
-    band, wait = v["input_bound"], v.get("input_wait_fraction")
-    if band == "insufficient_data" or wait is None:
-        return "Not enough steps yet to tell whether training waits for data."
-    share = f"{100 * wait:.0f}%"
-    factor = v.get("limiting_factor")
-    reason = FACTORS.get(factor, (factor or "").replace("_", " "))
-    if band == "not":
-        return f"Not input-bound: training waits for data {share} of the time" + (
-            f"; the limit is {reason}." if reason and factor != "compute_bound" else ".")
-    stake = v.get("speedup_at_stake")
-    gain = f"; it would run up to {stake:.2f}x faster if it never waited" if stake else ""
-    why = f" ({reason})" if reason else ""
-    return f"{'Input-bound' if band == 'high' else 'Partly input-bound'}: training waits for data {share} of " \
-           f"the time{why}{gain}."
+# What the answer says (the sentence, the change, which advice is a speed-up) is shared with the
+# HTML report's verdict box: analysis/answer_text.py.
+from ..analysis.answer_text import (FACTORS, change_text, kind, protective, speedups,  # noqa: F401,E402
+                                    verdict_sentence)
 
 
 def quantity_table(quantities_dict: dict | None, table_id: str | None = None) -> html.Table | None:
@@ -106,8 +65,10 @@ def answer(summary: dict) -> html.Div:
     if code:
         parts.append(copyable(code, dom_id("snippet-", top["loader"])))
     evidence = quantity_table(top.get("evidence"), "evidence-table")
-    if evidence is not None:
-        parts += [html.H4("Evidence"), evidence]
+    if evidence is not None:  # behind a toggle: the charts stay near the top of the page
+        count = len(quantities.rows(top.get("evidence")))
+        parts.append(html.Details([html.Summary(f"Evidence: the {count} quantities this advice rests on"),
+                                   evidence], id="evidence", className="sw-details"))
     more = [html.Li([html.Strong(f"{r['loader']}: {change_text(r)}"),
                      f" — expected {speedup_text(r)}" if r.get("expected_speedup") else "",
                      html.Div(r.get("reason"), className="sw-reason")]) for r in recs[1:]]
@@ -187,29 +148,41 @@ def _config_value(x) -> str:
 
 
 def config_table(summary: dict) -> html.Div:
-    """One key/value table per loader; the rows a recommendation changes are highlighted."""
+    """Per loader: the settings a recommendation changes, always shown (now → recommended), and
+    the full configuration behind a toggle, those rows highlighted in it too."""
     recs = summary.get("recommendations") or []
     parts = []
     for loader in summary["loaders"]:
         config = loader.get("config") or {}
         changes = {r["parameter"]: r for r in recs if r["loader"] == loader["name"] and r.get("parameter")}
         keys = list(config) + [k for k in changes if k not in config]
-        rows = []
-        for key in keys:
-            now = _config_value(config.get(key)) if key in config else "(default)"
-            rec = changes.get(key)
-            cells = [html.Th(key), html.Td(html.Code(now))]
-            if rec is not None:
-                cells.append(html.Td(["→ ", html.Code(repr(rec["suggested"])),
-                                      html.Span(" protective" if kind(rec) == "protective" else
-                                                (f" {speedup_text(rec)}" if rec.get("expected_speedup") else ""),
-                                                className="sw-muted")]))
-            else:
-                cells.append(html.Td(""))
-            rows.append(html.Tr(cells, className="sw-changed" if rec is not None else None))
+
+        def now(key):
+            return html.Code(_config_value(config.get(key)) if key in config else "(default)")
+
+        changed = [html.Tr([html.Th(key), html.Td(now(key)), html.Td(_suggested(changes[key]))],
+                           className="sw-changed") for key in keys if key in changes]
+        rows = [html.Tr([html.Th(key), html.Td(now(key))], className="sw-changed" if key in changes else None)
+                for key in keys]
+        parts.append(html.H4(loader["name"]))
+        if changed:
+            parts.append(html.Table([html.Thead(html.Tr([html.Th("setting"), html.Th("now"), html.Th("recommended")])),
+                                     html.Tbody(changed)], className="sw-table sw-kv",
+                                    id=dom_id("config-changes-", loader["name"])))
+        else:
+            parts.append(html.P("no change recommended", className="sw-muted"))
         if not rows:
-            rows = [html.Tr([html.Td("no configuration recorded (not a torch DataLoader)")])]
-        parts += [html.H4(loader["name"]),
-                  html.Table([html.Thead(html.Tr([html.Th("setting"), html.Th("now"), html.Th("recommended")])),
-                              html.Tbody(rows)], className="sw-table sw-kv", id=dom_id("config-", loader["name"]))]
+            parts.append(html.P("no configuration recorded (not a torch DataLoader)", className="sw-muted"))
+            continue
+        parts.append(html.Details([
+            html.Summary(f"Full configuration ({len(rows)} settings)"),
+            html.Table([html.Thead(html.Tr([html.Th("setting"), html.Th("now")])), html.Tbody(rows)],
+                       className="sw-table sw-kv", id=dom_id("config-", loader["name"]))],
+            className="sw-details", id=dom_id("config-details-", loader["name"])))
     return html.Div(parts, id="config-table")
+
+
+def _suggested(rec: dict) -> list:
+    return ["→ ", html.Code(repr(rec["suggested"])),
+            html.Span(" protective" if kind(rec) == "protective" else
+                      (f" {speedup_text(rec)}" if rec.get("expected_speedup") else ""), className="sw-muted")]

@@ -116,7 +116,8 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
         "histogram": figures.distribution_histogram(dists["wait"], f"{loader}: wait per batch"),
         "compute_histogram": figures.distribution_histogram(dists["compute"], f"{loader}: compute per batch",
                                                             color=figures.COMPUTE_COLOR),
-        "workers": views.workers_panel(workers, loader, rank=workers_rank if len(ranks) > 1 else None, why=why),
+        "workers": views.workers_panel(workers, loader, rank=workers_rank if len(ranks) > 1 else None, why=why,
+                                       live=status in ("live", "stalled")),
         "ranks": views.ranks_panel(per_rank, stragglers)
         or html.P("One rank."),
         "config": answer_card.config_table(summary),

@@ -178,10 +178,12 @@ def delivery_banner(summary: dict) -> html.Div | None:
 
 
 def workers_panel(events: list[dict], loader: str | None = None, rank: int | None = None,
-                  why: str = "") -> html.Div | None:
+                  why: str = "", live: bool = True) -> html.Div | None:
     """Per worker: load time over time, memory when sampled, and the latest state; None when the
     run has no DataLoader workers (num_workers=0, or not sampled yet). `events`: one rank's
-    snapshots; with several ranks, `rank` names it in the heading (and `why` that one)."""
+    snapshots; with several ranks, `rank` names it in the heading (and `why` that one). A run
+    that is no longer `live` shows no "now" (workers alive, queue, state, CPU now): its workers
+    are gone, and "0/1 workers alive" would read as a fault."""
     if not events:
         return None
     latest: dict[str, dict] = {}
@@ -198,15 +200,23 @@ def workers_panel(events: list[dict], loader: str | None = None, rank: int | Non
     parts.append(html.Div([dcc.Graph(figure=g, config={"displaylogo": False}, id=f"workers-graph-{i}")
                            for i, g in enumerate(graphs)], className="sw-grid"))
     e = latest[shown]
-    rows = [[w["id"], w.get("pid"), w.get("state"), num(w.get("load_ms_mean"), 2, " ms"),
-             pct(w.get("cpu_fraction")), num(w.get("cpu_pct"), 0, "%"),
-             human_bytes(w["rss_bytes"]) if w.get("rss_bytes") is not None else "n/a", w.get("batches")]
-            for w in e["workers"]]
-    parts += [html.H4(f"now: {e.get('alive_workers')}/{e.get('configured_workers')} workers alive, "
-                      f"queue {e.get('queue_depth') if e.get('queue_depth') is not None else 'n/a'}"
-                      f"/{e.get('queue_capacity') or 'n/a'} ready batches"),
-              table(["worker", "pid", "state", "load per batch", "CPU while loading", "CPU now", "RSS", "batches"],
-                    rows, "workers-table")]
+    if live:
+        rows = [[w["id"], w.get("pid"), w.get("state"), num(w.get("load_ms_mean"), 2, " ms"),
+                 pct(w.get("cpu_fraction")), num(w.get("cpu_pct"), 0, "%"),
+                 human_bytes(w["rss_bytes"]) if w.get("rss_bytes") is not None else "n/a", w.get("batches")]
+                for w in e["workers"]]
+        parts += [html.H4(f"now: {e.get('alive_workers')}/{e.get('configured_workers')} workers alive, "
+                          f"queue {e.get('queue_depth') if e.get('queue_depth') is not None else 'n/a'}"
+                          f"/{e.get('queue_capacity') or 'n/a'} ready batches"),
+                  table(["worker", "pid", "state", "load per batch", "CPU while loading", "CPU now", "RSS",
+                         "batches"], rows, "workers-table")]
+    else:
+        rows = [[w["id"], w.get("pid"), num(w.get("load_ms_mean"), 2, " ms"), pct(w.get("cpu_fraction")),
+                 human_bytes(w["rss_bytes"]) if w.get("rss_bytes") is not None else "n/a", w.get("batches")]
+                for w in e["workers"]]
+        parts += [html.H4(f"{e.get('configured_workers')} workers, as last seen"),
+                  table(["worker", "pid", "load per batch", "CPU while loading", "RSS", "batches"], rows,
+                        "workers-table")]
     return html.Div(parts, id="workers-panel", className="sw-card")
 
 
@@ -245,27 +255,45 @@ def compare_view(comp: dict, charts: dict | None = None) -> html.Div:
     def graph(fig, graph_id):
         return html.Div(dcc.Graph(figure=fig, id=graph_id, config={"displaylogo": False}), className="sw-card")
 
-    parts = [html.P(f"loader {p['before']} compared with {p['after']} (each run's only loader)", className="note")
-             for p in comp["pairs"] if p["by"] == "only loader"]
+    # The one-sentence answer ("after is 1.41x faster; predicted 1.69x; confirmed") opens the
+    # page when the comparison carries one (its wording belongs to the analysis).
+    parts = [html.P(comp["headline"], className="sw-headline", id="compare-headline")] if comp.get("headline") else []
+    parts += [html.P(f"loader {p['before']} compared with {p['after']} (each run's only loader)", className="note")
+              for p in comp["pairs"] if p["by"] == "only loader"]
     for side in ("before", "after"):
         if comp["unpaired"][side]:
             parts.append(html.P(f"only in the {side} run: {', '.join(comp['unpaired'][side])}", className="note"))
     if comp["metrics"]:
-        parts.append(table(["loader", "metric", "before", "after", "change"],
-                           [[r["loader"], r["metric"], compare.value_text(r["before"], r["kind"]),
-                             compare.value_text(r["after"], r["kind"]), compare.change_text(r)]
-                            for r in comp["metrics"]], "compare-table"))
+        rows = [html.Tr([html.Td(r["loader"]), html.Td(r["metric"]), html.Td(compare.value_text(r["before"], r["kind"])),
+                         html.Td(compare.value_text(r["after"], r["kind"])),
+                         html.Td(compare.change_text(r), className=f"sw-{direction(r)}" if direction(r) else None)])
+                for r in comp["metrics"]]
+        parts.append(html.Table([html.Thead(html.Tr([html.Th(h) for h in ("loader", "metric", "before", "after",
+                                                                             "change")])),
+                                 html.Tbody(rows)], className="sw-table", id="compare-table"))
     else:
         parts.append(html.P("No loader of one run pairs with a loader of the other: nothing to compare.",
                             id="compare-nothing"))
     if comp["config"]:
-        rows = [html.Tr([html.Td(r["loader"]), html.Th(r["setting"]),
-                         html.Td(html.Code(compare.setting_text(r["before"], r["before_set"]))),
-                         html.Td(html.Code(compare.setting_text(r["after"], r["after_set"])))],
-                        className="sw-changed" if r["changed"] else None) for r in comp["config"]]
-        parts += [html.H4("Configuration (changed settings highlighted)"),
-                  html.Table([html.Thead(html.Tr([html.Th(h) for h in ("loader", "setting", "before", "after")])),
-                              html.Tbody(rows)], className="sw-table sw-kv", id="config-diff")]
+        def config_rows(changed: bool) -> list:
+            return [html.Tr([html.Td(r["loader"]), html.Th(r["setting"]),
+                             html.Td(html.Code(compare.setting_text(r["before"], r["before_set"]))),
+                             html.Td(html.Code(compare.setting_text(r["after"], r["after_set"])))],
+                            className="sw-changed" if changed else None)
+                    for r in comp["config"] if bool(r["changed"]) is changed]
+
+        def config_table(rows: list, table_id: str) -> html.Table:
+            return html.Table([html.Thead(html.Tr([html.Th(h) for h in ("loader", "setting", "before", "after")])),
+                               html.Tbody(rows)], className="sw-table sw-kv", id=table_id)
+
+        changed, same = config_rows(True), config_rows(False)
+        parts.append(html.H4("Configuration: what changed"))
+        parts.append(config_table(changed, "config-diff") if changed else
+                     html.P("No setting changed.", className="sw-muted", id="config-diff"))
+        if same:  # the unchanged settings, behind a toggle: they are most of the table
+            parts.append(html.Details([html.Summary(f"Unchanged settings ({len(same)})"),
+                                       config_table(same, "config-unchanged")],
+                                      className="sw-details", id="config-unchanged-details"))
     verification = comp["verification"]
     if verification and verification["results"]:
         vrows = [[r["loader"], f"{r['parameter']}={r['suggested']!r}", "yes" if r["applied"] else "no",
@@ -286,6 +314,31 @@ def compare_view(comp: dict, charts: dict | None = None) -> html.Div:
                             graph(pair["throughput"], f"compare-throughput-{i}"),
                             graph(pair["input_wait"], f"compare-input-wait-{i}")], className="sw-grid")]
     return html.Div(parts)
+
+
+# A change smaller than this is no change (noise between two runs of the same job).
+SAME_PCT, SAME_POINTS = 2.0, 1.0
+
+
+def direction(row: dict) -> str | None:
+    """"better", "worse" or None (no direction, or too small to say) for a compare metric row:
+    throughput up is better; the input wait and the waits down are better; compute is neither
+    (it changes with the work, not with the loader)."""
+    if row["kind"] == "rate":
+        higher_is_better = True
+    elif row["kind"] == "fraction" or row["metric"].startswith("wait"):
+        higher_is_better = False
+    else:
+        return None
+    if row.get("change_points") is not None:
+        delta, same = row["change_points"], SAME_POINTS
+    elif row.get("change_pct") is not None:
+        delta, same = row["change_pct"], SAME_PCT
+    else:
+        return None
+    if abs(delta) < same:
+        return None
+    return "better" if (delta > 0) is higher_is_better else "worse"
 
 
 def badge_status(status: str) -> html.Span:

@@ -10,7 +10,7 @@ import math
 import plotly.graph_objects as go
 
 from ...analysis.compare import expected_of, pair_label, start_seconds
-from .figures import COMPUTE_COLOR, LAYOUT, WAIT_COLOR
+from .figures import COMPUTE_COLOR, LAYOUT, WAIT_COLOR, log_ticks, windowed_rate
 
 BEFORE_COLOR = "#8c8c8c"
 AFTER_COLOR = "#2a9d8f"
@@ -55,7 +55,9 @@ def overlaid_distributions(before: dict, after: dict, title: str, labels: tuple[
     high = max(max(values), low * 1.5)
     ratio = (high * 1.0001 / low) ** (1 / BINS)
     edges = [low * ratio ** i for i in range(BINS + 1)]
-    fig = go.Figure(layout=dict(title=_text(title), xaxis=dict(title=f"{unit} (log scale)", type="log"),
+    tickvals, ticktext = log_ticks(edges[0], edges[-1])
+    fig = go.Figure(layout=dict(title=_text(title), xaxis=dict(title=f"{unit} (log scale)", type="log",
+                                                               tickvals=tickvals or None, ticktext=ticktext or None),
                                 yaxis_title="share of batches (%)", **LAYOUT))
     for side, label, color in zip(sides, labels, (BEFORE_COLOR, AFTER_COLOR)):
         if not side:
@@ -90,11 +92,19 @@ def over_time(before: dict, after: dict, starts: tuple, field: str, title: str, 
         dict(title=field.replace("_per_s", "/s").replace("_", " "), rangemode="tozero")
     fig = go.Figure(layout=dict(title=_text(title), xaxis_title="seconds from the run's start", yaxis=yaxis,
                                 **LAYOUT))
-    for side, label, color in zip(sides, labels, (BEFORE_COLOR, AFTER_COLOR)):
-        if side:
-            fig.add_trace(go.Scatter(x=[t for t, _ in side], y=[p.get(field) for _, p in side],
-                                     mode="lines" if len(side) > 30 else "lines+markers",
-                                     name=_text(label), line=dict(color=color)))
+    counted = {"batches_per_s": "steps", "samples_per_s": "samples"}.get(field)
+    for series, start, side, label, color in zip((before, after), starts, sides, labels, (BEFORE_COLOR, AFTER_COLOR)):
+        if not side:
+            continue
+        if counted:  # a rate over a window, never one bucket's whole count (figures.windowed_rate)
+            middles, ys, window = windowed_rate(series, counted)
+            origin = start if start is not None else (series.get("points") or [{}])[0].get("t_s", 0)
+            xs = [max(0.0, t - origin) for t in middles]
+            label = f"{label} ({window:.0f} s window)"
+        else:
+            xs, ys = [t for t, _ in side], [p.get(field) for _, p in side]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines" if len(side) > 30 else "lines+markers",
+                                 name=_text(label), line=dict(color=color)))
     return fig
 
 

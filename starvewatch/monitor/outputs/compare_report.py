@@ -7,6 +7,7 @@ import json
 
 from ...analysis.compare import change_text, interval_text, setting_text, value_text
 from ...analysis.verification import joint_changes_note
+from .markdown_text import readable_time
 
 
 # ---- Markdown and JSON -------------------------------------------------------------------------------
@@ -19,9 +20,9 @@ def _cell(text) -> str:
 def to_markdown(comp: dict) -> str:
     b, a = comp["before"], comp["after"]
     lines = ["# starvewatch comparison", "",
-             f"- before: `{_cell(b['id'])}` ({_cell(b['name'])}, started {b.get('started_at') or 'n/a'}, "
+             f"- before: `{_cell(b['id'])}` ({_cell(b['name'])}, started {readable_time(b.get('started_at'))}, "
              f"input wait {value_text(b['input_wait_fraction'], 'fraction')})",
-             f"- after: `{_cell(a['id'])}` ({_cell(a['name'])}, started {a.get('started_at') or 'n/a'}, "
+             f"- after: `{_cell(a['id'])}` ({_cell(a['name'])}, started {readable_time(a.get('started_at'))}, "
              f"input wait {value_text(a['input_wait_fraction'], 'fraction')})"]
     for p in comp["pairs"]:
         if p["by"] == "only loader":

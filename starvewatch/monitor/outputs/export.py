@@ -11,10 +11,11 @@ import re
 from ...analysis.findings import finding_line
 from ...analysis.findings.stall_text import stall_where
 from .markdown_sections import straggler_lines, tuning_lines
-from .markdown_text import md_block, md_code, md_text
+from .markdown_text import md_block, md_code, md_text, readable_time
 from ...quantities import speedup_text
 from ...analysis.diagnosis import joint_changes_note
 from ...analysis.snippet import snippet  # noqa: F401  (the dashboard and reports import it from here)
+from .verdict_box import VERDICT_BOX_STYLE, verdict_box
 
 CSV_COLUMNS = ("run", "rank", "loader", "epoch", "step", "start_ns", "wait_ms", "compute_ms", "other_ms",
                "gpu_idle_ms", "batch_size", "kind", "bucket_s", "bucket_steps")
@@ -75,7 +76,7 @@ def to_markdown(summary: dict) -> str:
     run, verdict = summary["run"], summary["verdict"]
     lines = [f"# starvewatch report: {md_text(run['name'])}", "",
              f"- run {md_code(run['id'])} on {md_text(run.get('host') or 'unknown host')}, {run.get('status')}, "
-             f"started {run.get('started_at')}, ended {run.get('ended_at') or '—'}",
+             f"started {readable_time(run.get('started_at'))}, ended {readable_time(run.get('ended_at'))}",
              f"- **input-bound: {verdict['input_bound']}**, input wait {_pct(verdict['input_wait_fraction'])}, "
              f"limiting factor: {verdict.get('limiting_factor') or 'n/a'}",
              f"- speedup at stake if the loop never waited: "
@@ -226,11 +227,20 @@ def compare_table(before: dict | None, after: dict, verification: dict | None) -
 
 
 def _md_to_html(text: str) -> str:
-    """Just enough Markdown for our own report (headings, lists, tables, code)."""
-    out, in_table, fence = [], False, ""
+    """Just enough Markdown for our own report (headings, lists, tables, code). Lists become
+    real lists ("- " and "1. " items, "  - " sub-items, an indented line continues its item):
+    no literal "- " in the page."""
+    out, in_table, fence, lists = [], False, "", []  # lists: the open list tags, outermost first
+
+    def close_lists(depth: int = 0) -> None:
+        while len(lists) > depth:
+            out.append(f"</li></{lists.pop()}>")
+
     for line in text.splitlines():
         opening = re.match(r"^`{3,}", line)
         if (not fence and opening) or (fence and line == fence):
+            if not fence:
+                close_lists()
             out.append("</pre>" if fence else "<pre>")
             fence = "" if fence else opening.group(0)
             continue
@@ -238,6 +248,7 @@ def _md_to_html(text: str) -> str:
             out.append(html.escape(line))
             continue
         if line.startswith("|"):
+            close_lists()
             cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|"))]
             if all(set(c) <= set("-:") for c in cells):
                 continue
@@ -250,13 +261,28 @@ def _md_to_html(text: str) -> str:
         if in_table:
             out.append("</table>")
             in_table = False
-        if line.startswith("#"):
+        item = re.match(r"^( *)(- |\d+\. )(.*)$", line)
+        if item:
+            depth = 1 + len(item.group(1)) // 2
+            kind = "ul" if item.group(2) == "- " else "ol"
+            close_lists(depth)
+            if len(lists) == depth:  # the next item of the open list
+                out.append("</li><li>")
+            else:
+                while len(lists) < depth:
+                    lists.append(kind)
+                    out.append(f"<{kind}><li>")
+            out.append(_inline(item.group(3)))
+        elif lists and line.startswith("  ") and line.strip():  # continues the item above
+            out.append(f"<div class='more'>{_inline(line.strip())}</div>")
+        elif line.startswith("#"):
+            close_lists()
             level = len(line) - len(line.lstrip("#"))
             out.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
-        elif line.startswith(("- ", "   ")) or line[:3].rstrip(".").isdigit():
-            out.append(f"<p class='item'>{_inline(line)}</p>")
         elif line.strip():
+            close_lists()
             out.append(f"<p>{_inline(line)}</p>")
+    close_lists()
     if in_table:
         out.append("</table>")
     return "\n".join(out)
@@ -279,7 +305,8 @@ def _inline(text: str) -> str:
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222;padding:0 1em}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ddd;padding:4px 8px;font-size:14px}
-code,pre{background:#f5f5f5;padding:2px 4px}pre{padding:8px}.item{margin:4px 0}"""
+code,pre{background:#f5f5f5;padding:2px 4px}pre{padding:8px}li{margin:4px 0}.more{color:#444}
+""" + VERDICT_BOX_STYLE
 
 
 def report_figures(step_series: dict[str, dict], series: dict, samples: list[dict],
@@ -310,8 +337,14 @@ def render_html(summary: dict, step_series: dict[str, dict], series: dict, sampl
                        for i, fig in enumerate(figs))
     title = html.escape(f"starvewatch: {summary['run']['name']}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
-            f"<style>{STYLE}</style></head><body>{_md_to_html(to_markdown(summary))}"
+            f"<style>{STYLE}</style></head><body>{_with_verdict_box(_md_to_html(to_markdown(summary)), summary)}"
             f"<h2>Charts</h2>{charts}</body></html>")
+
+
+def _with_verdict_box(body: str, summary: dict) -> str:
+    """The report's title, then the verdict box (as the dashboard's run page opens), then the rest."""
+    title, sep, rest = body.partition("</h1>")
+    return f"{title}{sep}{verdict_box(summary)}{rest}" if sep else verdict_box(summary) + body
 
 
 def write_csv_chunks(chunks, out) -> int:

@@ -73,14 +73,64 @@ def wait_fraction_over_time(series: dict, title: str = "Input wait over time") -
     return fig
 
 
-def throughput_over_time(series: dict, title: str = "Throughput") -> go.Figure:
+RATE_WINDOW_S = 5.0  # throughput as a rate over at least this long: never one bucket's integer count
+
+
+def windowed_rate(series: dict, field: str = "steps") -> tuple[list[float], list[float], float]:
+    """Per rollup bucket (Query.rollup_series), `field` per second over a window centred on it:
+    (seconds at each bucket's middle, rates, window in seconds). A bucket of one second holds a
+    whole number of batches, so a job at 1.5 batches/s reads 1, 2, 1, 2; over 5 s it reads 1.5.
+    The window is at least RATE_WINDOW_S and 5 buckets; at a run's ends it shrinks to what exists
+    (a bucket missing inside the run is a stretch with no batch: it counts as zero)."""
     points = series.get("points") or []
     if not points:
+        return [], [], 0.0
+    bucket = float(series.get("bucket_s") or 1)
+    window = max(RATE_WINDOW_S, 5 * bucket)
+    starts = np.array([p["t_s"] for p in points], dtype=np.float64)
+    counts = np.array([p.get(field) or 0 for p in points], dtype=np.float64)
+    first, last = starts[0], starts[-1] + bucket
+    middles = starts + bucket / 2
+    rates = []
+    for middle in middles:
+        lo, hi = max(first, middle - window / 2), min(last, middle + window / 2)
+        inside = (starts >= lo - 1e-9) & (starts + bucket <= hi + 1e-9)
+        held = starts[inside]
+        span = held[-1] + bucket - held[0] if len(held) else bucket
+        rates.append(float(counts[inside].sum() / max(bucket, span)))
+    return middles.tolist(), rates, window
+
+
+def throughput_over_time(series: dict, title: str = "Throughput") -> go.Figure:
+    from datetime import datetime, timezone
+    middles, rates, window = windowed_rate(series)
+    if not middles:
         return _empty(title)
-    fig = go.Figure(layout=dict(title=_text(title), yaxis_title="batches/s", **LAYOUT))
-    fig.add_trace(go.Scatter(x=[p["t"] for p in points], y=[p["batches_per_s"] for p in points],
-                             name="batches/s", line=dict(color=COMPUTE_COLOR)))
+    fig = go.Figure(layout=dict(title=_text(title), yaxis=dict(title="batches/s", rangemode="tozero"), **LAYOUT))
+    fig.add_trace(go.Scatter(x=[datetime.fromtimestamp(t, tz=timezone.utc) for t in middles], y=rates,
+                             name=f"batches/s ({window:.0f} s window)", line=dict(color=COMPUTE_COLOR, shape="spline"),
+                             hovertemplate="%{y:.3g} batches/s<extra></extra>"))
     return fig
+
+
+def log_ticks(low: float, high: float) -> tuple[list[float], list[str]]:
+    """Tick values and labels for a log axis from `low` to `high`: 1, 2, 5 of each decade when the
+    axis spans few decades, powers of ten alone past four; every label a whole number as read
+    ("20", "0.5"), never plotly's "2 5 10 2 5 100"."""
+    import math
+    if not (low > 0 and high > low):
+        return [], []
+    decades = math.log10(high / low)
+    steps = (1,) if decades > 4 else (1, 2, 5)
+    values = []
+    for exponent in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1):
+        for step in steps:
+            value = step * 10.0 ** exponent
+            if low <= value <= high:
+                values.append(value)
+    if len(values) < 2:
+        return [], []  # under a decade with one round value: plotly's own ticks read better
+    return values, [f"{v:,.{max(0, -math.floor(math.log10(v)))}f}" if v < 1 else f"{v:,.0f}" for v in values]
 
 
 def clip_point(pairs: list[tuple[float, int]], factor: float = 3.0) -> float | None:

@@ -36,3 +36,14 @@ def md_block(text: str, language: str = "text") -> list[str]:
 
 def _longest_backtick_run(text: str) -> int:
     return max((len(run) for run in re.findall(r"`+", text)), default=0)
+
+
+def readable_time(iso: str | None) -> str:
+    """'2026-11-28T15:53:52.189307Z' as '2026-11-28 15:53:52 UTC': a reader's timestamp, to
+    the second (the JSON export keeps the full one)."""
+    if not iso:
+        return "—"
+    text = str(iso)
+    utc = text.endswith("Z") or text.endswith("+00:00")
+    core = text.removesuffix("Z").removesuffix("+00:00").replace("T", " ").split(".", 1)[0]
+    return f"{core} UTC" if utc else core
