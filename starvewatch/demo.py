@@ -98,7 +98,27 @@ def run_demo(quick: bool = False, name: str = "demo", out=None) -> tuple[dict, d
     # can end before it has.
     dashboard = _dashboard_base(session)
     print(compare_hint(before["run"]["id"], after["run"]["id"], dashboard), file=out, flush=True)
+    note = background_note(dashboard, session.settings.dir if session is not None else None)
+    if note:
+        print(note, file=out, flush=True)
     return before, after
+
+
+def background_note(dashboard: str | None, directory) -> str | None:
+    """When the demo's runs went to a collector started for it: that it keeps running, for how
+    long, and how to stop it (a newcomer otherwise finds a server they never started)."""
+    import json
+    from pathlib import Path
+    if not dashboard or directory is None:
+        return None
+    try:
+        started_for_you = json.loads((Path(directory) / "collector.json").read_text()).get("autostarted")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not started_for_you:
+        return None
+    return (f"the collector started for this demo keeps running in the background, with your runs at "
+            f"{dashboard}: it stops after an hour with no live run, or now with `starvewatch stop`")
 
 
 def _collector_up_first() -> None:

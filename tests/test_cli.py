@@ -193,3 +193,16 @@ def test_demo_points_at_the_compare_page_of_its_two_runs():
     from starvewatch.demo import compare_hint
     assert compare_hint("demo-1", "demo 2", "http://127.0.0.1:8412") == \
         "compare before and after: http://127.0.0.1:8412/compare?a=demo-1&b=demo%202"
+
+
+def test_demo_says_the_collector_started_for_it_keeps_running(tmp_path):
+    import json as _json
+    from starvewatch.demo import background_note
+    assert background_note("http://127.0.0.1:8412", tmp_path) is None  # no pid file: none was started here
+    (tmp_path / "collector.json").write_text(_json.dumps({"pid": 1, "autostarted": False}))
+    assert background_note("http://127.0.0.1:8412", tmp_path) is None  # `starvewatch serve`: the user's own
+    (tmp_path / "collector.json").write_text(_json.dumps({"pid": 1, "autostarted": True}))
+    note = background_note("http://127.0.0.1:8412", tmp_path)
+    assert "keeps running in the background" in note and "http://127.0.0.1:8412" in note
+    assert "an hour" in note and "`starvewatch stop`" in note
+    assert background_note(None, tmp_path) is None  # offline: no collector at all
