@@ -321,3 +321,21 @@ def test_compare_colours_better_and_worse():
     assert views.direction(row("wait p95 (ms)", "ms", change_pct=18.6)) == "worse"
     assert views.direction(row("compute mean (ms)", "ms", change_pct=-30.0)) is None  # neither
     assert views.direction(row("batches/s", "rate", change_pct=1.0)) is None  # noise
+
+
+def test_compare_opens_with_the_comparisons_sentence_when_it_has_one():
+    before = {"loaders": [{"name": "train", "input_wait_fraction": 0.6, "batches_per_s": 10.0,
+                           "config": {"num_workers": 0, "batch_size": 8}}], "run": {"id": "a"}}
+    after = {"loaders": [{"name": "train", "input_wait_fraction": 0.05, "batches_per_s": 21.0,
+                          "config": {"num_workers": 4, "batch_size": 8}}], "run": {"id": "b"}}
+    from starvewatch.analysis.compare import comparison
+    comp = comparison(before, after)
+    view = views.compare_view(comp)
+    assert getattr(view.children[0], "id", None) != "compare-headline"  # no sentence: no empty slot
+    changed = next(c for c in view.children if getattr(c, "id", None) == "config-diff")
+    assert "num_workers" in _text(changed) and "batch_size" not in _text(changed)
+    unchanged = next(c for c in view.children if getattr(c, "id", None) == "config-unchanged-details")
+    assert "batch_size" in _text(unchanged) and not getattr(unchanged, "open", False)  # collapsed
+    comp["headline"] = "after is 2.10x faster; predicted 2.00x; confirmed"
+    first = views.compare_view(comp).children[0]
+    assert first.id == "compare-headline" and first.children == comp["headline"]
