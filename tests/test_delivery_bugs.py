@@ -173,13 +173,14 @@ def test_a_chunk_the_pipeline_refuses_is_shipped_later_or_counted(memory_run, mo
     counted (500 of 5,000 steps vanished). Refused once, the chunk goes first into the next
     cycle; refused every time, it is dropped after a few tries under `shipper_error`, its
     steps counted in the summary: steps run = summary steps = acknowledged + spooled + dropped."""
-    from starvewatch.record_layout import STEP_RECORD_LENS, expand_reads
+    from starvewatch.record_layout import READS_RECORD_LEN, STEP_RECORD_LENS, reads_steps
     session, transport = memory_run
     pipeline = session.shipper.pipeline
     original, refused = pipeline.add, []
 
     def add(records, names):
-        steps = [r[1] for r in expand_reads(records) if len(r) in STEP_RECORD_LENS]
+        steps = [s for r in records if len(r) == READS_RECORD_LEN for s in range(r[1], r[1] + reads_steps(r))]
+        steps += [r[1] for r in records if len(r) in STEP_RECORD_LENS]
         if 2500 in steps and (refusals == "always" or not refused):
             refused.append(len(steps))
             raise RuntimeError("planted: the pipeline refuses this chunk")
