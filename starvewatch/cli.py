@@ -390,6 +390,14 @@ class Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+def _source_options(p) -> None:
+    """Where a reading command finds its data: the collector, or offline files."""
+    p.add_argument("--url", help="collector URL (default STARVEWATCH_URL or http://127.0.0.1:8412)")
+    p.add_argument("--spool", help="read offline from a spool directory instead")
+    p.add_argument("--db", help="read offline from a database file instead")
+    p.add_argument("--dir", help="data directory for the offline fallback (default STARVEWATCH_DIR)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="starvewatch", description="Live GPU-starvation monitor for PyTorch training.",
@@ -397,12 +405,26 @@ def build_parser() -> argparse.ArgumentParser:
     from .version import __version__
     parser.add_argument("--version", action="version", version=f"starvewatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    _add_demo(sub)
+    _add_serve(sub)
+    _add_stop(sub)
+    _add_import(sub)
+    _add_export(sub)
+    _add_runs(sub)
+    _add_compare(sub)
+    _add_tune(sub)
+    _add_doctor(sub)
+    return parser
 
+
+def _add_demo(sub) -> None:
     demo = sub.add_parser("demo", help="run a synthetic starved training, then the fix")
     demo.add_argument("--quick", action="store_true", help="a few seconds instead of the full demo")
     demo.add_argument("--name", default="demo", help="run name (default: demo)")
     demo.set_defaults(func=cmd_demo)
 
+
+def _add_serve(sub) -> None:
     serve = sub.add_parser("serve", help="run the collector (API, /metrics, dashboard) in the foreground")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
                        "any other address requires a token)")
@@ -447,10 +469,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--autostarted", action="store_true", help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 
+
+def _add_stop(sub) -> None:
     stop = sub.add_parser("stop", help="stop the collector that was started for you")
     stop.add_argument("--dir", help="data directory (default STARVEWATCH_DIR or ~/.starvewatch)")
     stop.set_defaults(func=cmd_stop)
 
+
+def _add_import(sub) -> None:
     imp = sub.add_parser("import", help="ingest a spool directory taken from elsewhere")
     imp.add_argument("source", help="a STARVEWATCH_DIR or its spool/ directory")
     imp.add_argument("--dir", help="data directory holding the database")
@@ -458,37 +484,39 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--delete", action="store_true", help="delete the spool files once imported")
     imp.set_defaults(func=cmd_import)
 
-    def source_options(p):
-        p.add_argument("--url", help="collector URL (default STARVEWATCH_URL or http://127.0.0.1:8412)")
-        p.add_argument("--spool", help="read offline from a spool directory instead")
-        p.add_argument("--db", help="read offline from a database file instead")
-        p.add_argument("--dir", help="data directory for the offline fallback (default STARVEWATCH_DIR)")
 
+def _add_export(sub) -> None:
     exp = sub.add_parser("export", help="write a run as JSON, CSV, Markdown or self-contained HTML")
     exp.add_argument("run", help="run id, unique id prefix, run name, or 'latest'")
     exp.add_argument("--format", "-f", choices=("json", "csv", "md", "html"), default="json")
     exp.add_argument("-o", "--output", help="file to write (default: standard output)")
-    source_options(exp)
+    _source_options(exp)
     exp.set_defaults(func=cmd_export)
 
+
+def _add_runs(sub) -> None:
     runs = sub.add_parser("runs", help="list, show or delete runs")
     runs.add_argument("action", nargs="?", choices=("list", "show", "delete"), default="list")
     runs.add_argument("run", nargs="?", help="run id, name or 'latest' (show, delete)")
     runs.add_argument("--status", choices=("live", "stalled", "finished", "lost"))
     runs.add_argument("--search", help="substring of the run name or id")
     runs.add_argument("--yes", "-y", action="store_true", help="delete without asking")
-    source_options(runs)
+    _source_options(runs)
     runs.set_defaults(func=cmd_runs)
 
+
+def _add_compare(sub) -> None:
     cmp = sub.add_parser("compare", help="compare two runs: deltas and the verify-after-change verdict")
     cmp.add_argument("before", help="run id, unique id prefix, run name, or 'latest'")
     cmp.add_argument("after", help="run id, unique id prefix, run name, or 'latest'")
     cmp.add_argument("--format", "-f", choices=("md", "json", "html"), default="md",
                      help="md (default, for the terminal), json, or html (one self-contained file with charts)")
     cmp.add_argument("-o", "--output", help="file to write (default: standard output)")
-    source_options(cmp)
+    _source_options(cmp)
     cmp.set_defaults(func=cmd_compare)
 
+
+def _add_tune(sub) -> None:
     tun = sub.add_parser("tune", help="measure DataLoader settings on this machine and pick one",
                          description="Builds the loader with each configuration tried (num_workers, "
                          "prefetch_factor, persistent_workers, pin_memory with CUDA), measures its "
@@ -506,10 +534,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "snapshot_every_n_steps (default: from --run)")
     tun.set_defaults(func=cmd_tune)
 
+
+def _add_doctor(sub) -> None:
     doc = sub.add_parser("doctor", help="check NVML, torch and CUDA, /dev/shm, the collector")
     doc.add_argument("--dir", help="data directory (default STARVEWATCH_DIR or ~/.starvewatch)")
     doc.set_defaults(func=cmd_doctor)
-    return parser
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:

@@ -87,13 +87,23 @@ class LoaderFacts:
         self.idle_workers = (self.workers or 0) - (self.active_workers or 0)
         self.steps = part["steps"]
         totals = data.totals
+        steady = self._measure_waits(totals, data.records)
+        self._place(system, run, part)
+        self._measure_load()
+        self._judge_saturation(t)
+        self._measure_hand_over(t, steady)
+        self._measure_bursts(t)
+        measure_cpu_sharing(self, totals)
+
+    def _measure_waits(self, totals, rec):
+        """Per-batch compute and waits (mean, first, steady, median, p99); returns the steady
+        waits' histogram."""
         steps = max(1, totals.steps)
         self.compute = totals.compute_ns / steps / 1e6
         self.wait = (totals.wait_ns + totals.epoch_end_wait_ns) / steps / 1e6
         self.step = self.wait + self.compute
         self.epochs = max(1, totals.epochs)
         self.steps_per_epoch = max(1, self.steps / self.epochs)
-        rec = data.records
         self.first_wait = rec.first_wait.total / rec.first_wait.count / 1e6 if rec and rec.first_wait.count else None
         steady = rec.steady_wait() if rec else None
         self.steady_wait = steady.total / steady.count / 1e6 if steady and steady.count else self.wait
@@ -103,12 +113,19 @@ class LoaderFacts:
         # Sampled waits: the training thread's CPU time while it waited for a batch.
         self.probe_cpu_fraction = (totals.wait_probe_cpu_ns / totals.wait_probe_ns
                                    if totals.wait_probe_ns > 10_000_000 else None)
+        return steady
+
+    def _place(self, system: dict | None, run: dict | None, part: dict) -> None:
+        """The cores this loader's rank may use: its share of the host's usable cores."""
         self.system = system or {}
         # The CPUs the training process may use (affinity, cgroup quota: starvewatch/cpus.py), as
         # its samplers read them; the host's count from hooks that predate them.
         cores = self.system.get("usable_cores") or self.system.get("cpu_count") or usable_cores()
         self.ranks_per_host, self.ranks_per_host_source = ranks_per_host(run, part.get("ranks") or [0])
         self.cores = max(1, cores // self.ranks_per_host)
+
+    def _measure_load(self) -> None:
+        """One batch's loading cost on one worker (`load`), from the workers that served."""
         info = (self.system.get("loaders") or {}).get(self.name) or {}
         self.worker_info = info
         self.worker_load = info.get("worker_load_ms_mean")
@@ -126,6 +143,9 @@ class LoaderFacts:
             self.load = self.worker_load
         else:  # saturated workers deliver one batch per (step time / workers serving)
             self.load = (self.active_workers or 1) * self.step
+
+    def _judge_saturation(self, t: Thresholds) -> None:
+        """Whether storage or the cores bound loading, and whether loading is CPU work."""
         # Machine-wide iowait this high means processes (the readers) are blocked on storage
         # with nothing else to run: the device is the limit, and more readers queue behind it.
         iowait = self.system.get("iowait_pct_mean")
@@ -149,9 +169,13 @@ class LoaderFacts:
         # Either way more CPU-bound workers cannot get more done.
         self.cores_saturated = self.host_cpu_saturated or self.loading_saturates_cores
         self.cpu_busy = self._cpu_busy(t)
+
+    def _measure_hand_over(self, t: Thresholds, steady) -> None:
+        """The cost of handing a ready batch to the loop, and the main process's share of a
+        wait."""
         # Handing over a ready batch: the wait that remains when workers keep up, measured
         # when the queue had batches ready, else a typical value.
-        queue = info.get("queue_depth_mean")
+        queue = self.worker_info.get("queue_depth_mean")
         if self.workers and queue and queue >= 1 and self.median_wait is not None:
             # Workers that keep up leave a batch ready at most waits: the median is the
             # hand-over. Workers that do not: most waits are for a worker, and only the short
@@ -179,6 +203,9 @@ class LoaderFacts:
             and self.probe_cpu_fraction >= self._busy_threshold(t) and self.main_share >= t.worker_transfer_ms \
             and self.main_share >= 0.5 * self.steady_wait
         self.transfer = max(self.transfer, self.main_share)
+
+    def _measure_bursts(self, t: Thresholds) -> None:
+        """The workers' start-up, and the waits in bursts a prefetch queue did not absorb."""
         self.respawn = max(0.0, (self.first_wait or 0) - self.steady_wait) if self.workers else 0.0
         self.startup = self.respawn if self.respawn > 0 else t.worker_startup_ms
         # Waits in bursts the queue did not absorb (the mean over the median, when bursty).
@@ -194,8 +221,6 @@ class LoaderFacts:
             if self.bursty else prefetch
         gpu = self.system.get("gpu_util_mean")
         self.gpu_busy_fraction = gpu / 100 if gpu is not None else None
-        measure_cpu_sharing(self, totals)
-
     def _busy_threshold(self, t: Thresholds) -> float:
         return t.cpu_busy_fraction_saturated if self.host_cpu_saturated else t.cpu_busy_fraction
 

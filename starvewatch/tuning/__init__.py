@@ -141,26 +141,9 @@ def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None 
     collector = run = None
     consumption_source = "given" if consumption_batches_per_s else None
     if run_name:
-        from .remote import Collector, consumption_from, pick_loader
-        collector = Collector()
-        try:
-            run = collector.find_run(run_name)
-            run_summary = collector.summary(run["id"])
-            part = pick_loader(run_summary, loader)
-        except BaseException:
-            collector.close()
-            raise
-        loader = part["name"]
-        config = part.get("config") or {}
-        if current is None and "num_workers" in config:
-            current = LoaderConfig(config.get("num_workers") or 0, config.get("prefetch_factor"),
-                                   bool(config.get("persistent_workers")), bool(config.get("pin_memory")))
-        if not checkpoint_every:  # the watched StatefulDataLoader's state_dict() spacing
-            checkpoint_every = (((run_summary.get("system") or {}).get("loaders") or {})
-                                .get(part["name"]) or {}).get("checkpoint_interval_steps")
-        if not consumption_batches_per_s:
-            consumption_batches_per_s = consumption_from(part)
-            consumption_source = "run" if consumption_batches_per_s else None
+        (collector, run, loader, current, checkpoint_every, consumption_batches_per_s,
+         consumption_source) = _from_watched_run(run_name, loader, current, checkpoint_every,
+                                                 consumption_batches_per_s, consumption_source)
     cores, device = usable_cores(), _cuda_device()
     write = (lambda s: print(s, file=out, flush=True)) if out else (lambda s: None)
     write(f"starvewatch tune: measuring for up to {budget_s:g} s"
@@ -203,14 +186,48 @@ def tune(factory, budget_s: float = 60, consumption_batches_per_s: float | None 
     write("")
     write(result.report())
     if collector is not None:
-        from .remote import CollectorError
-        try:
-            collector.store_tuning(run["id"], result.to_dict())
-            result.stored = True
-            write(f"stored with run {run['id']}: {collector.url}/runs/{run['id']}")
-        except CollectorError as exc:  # the measurements are still worth having
-            result.stored = False
-            print(f"starvewatch tune: the results were not stored with run {run['id']}: {exc}", file=sys.stderr)
-        finally:
-            collector.close()
+        _store_with_run(collector, run, result, write)
     return result
+
+
+def _from_watched_run(run_name, loader, current, checkpoint_every, consumption_batches_per_s,
+                      consumption_source):
+    """What the run named `run_name` says of the loader being tuned: its configuration (the
+    baseline), its checkpoint spacing and its consumption, where not given. Returns the open
+    collector with them; closes it if the run or loader cannot be found."""
+    from .remote import Collector, consumption_from, pick_loader
+    collector = Collector()
+    try:
+        run = collector.find_run(run_name)
+        run_summary = collector.summary(run["id"])
+        part = pick_loader(run_summary, loader)
+    except BaseException:
+        collector.close()
+        raise
+    loader = part["name"]
+    config = part.get("config") or {}
+    if current is None and "num_workers" in config:
+        current = LoaderConfig(config.get("num_workers") or 0, config.get("prefetch_factor"),
+                               bool(config.get("persistent_workers")), bool(config.get("pin_memory")))
+    if not checkpoint_every:  # the watched StatefulDataLoader's state_dict() spacing
+        checkpoint_every = (((run_summary.get("system") or {}).get("loaders") or {})
+                            .get(part["name"]) or {}).get("checkpoint_interval_steps")
+    if not consumption_batches_per_s:
+        consumption_batches_per_s = consumption_from(part)
+        consumption_source = "run" if consumption_batches_per_s else None
+    return (collector, run, loader, current, checkpoint_every, consumption_batches_per_s,
+            consumption_source)
+
+
+def _store_with_run(collector, run: dict, result: TuneResult, write) -> None:
+    """Store the results with the watched run; a collector that refuses costs only the storing."""
+    from .remote import CollectorError
+    try:
+        collector.store_tuning(run["id"], result.to_dict())
+        result.stored = True
+        write(f"stored with run {run['id']}: {collector.url}/runs/{run['id']}")
+    except CollectorError as exc:  # the measurements are still worth having
+        result.stored = False
+        print(f"starvewatch tune: the results were not stored with run {run['id']}: {exc}", file=sys.stderr)
+    finally:
+        collector.close()
