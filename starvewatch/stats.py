@@ -165,9 +165,6 @@ class LogHistogram:
         spread = sum(n * (bucket_value(i) - mean) ** 2 for i, n in self.counts.items())
         return spread / (self.count - 1)
 
-    def count_above(self, threshold_ns: float) -> int:
-        return sum(n for i, n in self.counts.items() if bucket_value(i) > threshold_ns)
-
     def to_dict(self) -> dict:
         return {"counts": {str(k): v for k, v in self.counts.items()}, "count": self.count,
                 "total": self.total, "max": self.maximum}
@@ -214,12 +211,12 @@ class LoaderTotals:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
     def merge(self, other: "LoaderTotals") -> None:
-        for name in ("steps", "epochs", "wait_ns", "compute_ns", "other_ns", "epoch_end_wait_ns",
-                     "samples", "dropped_records", "wait_probe_ns", "wait_probe_cpu_ns",
-                     "wait_probe_process_cpu_ns", "loop_process_cpu_ns", "loop_wall_ns",
-                     "other_loaders_wait_ns", "shared_compute_ns"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.samples_known = self.samples_known and other.samples_known
+        """Add `other` (another rank, another chunk) into these totals: every count adds up,
+        every flag (a bool field: `samples_known`) holds only where it holds for both. Derived
+        from the fields above, so a new field is merged without being listed here."""
+        for name, spec in self.__dataclass_fields__.items():
+            mine, theirs = getattr(self, name), getattr(other, name)
+            setattr(self, name, (mine and theirs) if isinstance(spec.default, bool) else mine + theirs)
 
 
 @dataclass

@@ -122,3 +122,28 @@ def test_cores_are_divided_by_the_ranks_on_each_host_not_by_the_world(client):
     assert (top["parameter"], top["suggested"]) == ("num_workers", 4)  # ceil(35 / 5 x 1.2) = 9, 4 cores
     assert top["evidence"]["cores"] == 4 and top["evidence"]["ranks_per_host"] == 4
     assert summary["loaders"][0]["ranks"] == list(range(8))
+
+
+def test_every_loader_totals_field_survives_the_wire_and_a_rank_merge(client):
+    """Each field of LoaderTotals (the one list: starvewatch/stats.py), with a value of its own
+    on each rank, arrives through the ingest route (the wire model) and comes out of the
+    collector's rank merge as the sum (a flag: true only where both ranks say so; epochs: the
+    ranks run the same ones). A field added to the dataclass is sent and checked here too."""
+    from dataclasses import fields
+
+    from starvewatch.stats import LoaderTotals
+    names = [f.name for f in fields(LoaderTotals)]
+    sent = []
+    for rank in (0, 1):
+        totals = {name: (rank == 0) if isinstance(f.default, bool) else 1000 * (rank + 1) + i
+                  for i, (name, f) in enumerate(LoaderTotals.__dataclass_fields__.items())}
+        payload = batch(stream=f"s{rank}", rank=rank, n=1, status="finished")
+        payload["loaders"][0]["totals"] = totals
+        assert post(client, payload).status_code == 200
+        sent.append(totals)
+    merged = {d.name: d for d in client.app.state.store.loader_data("run-a")}["train"].totals.to_dict()
+    assert sorted(merged) == sorted(names)
+    for name in names:
+        a, b = sent[0][name], sent[1][name]
+        want = (a and b) if isinstance(a, bool) else max(a, b) if name == "epochs" else a + b
+        assert merged[name] == want, (name, merged[name], want)

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError,
+                      create_model, model_validator)
 
 from ...ids import ID_PATTERN, NAME_PATTERN, clean_name
 from ...limits import MAX_LIST_RECORDS
 from .json_bounds import free_form_problem
 from ...redact import redact_argv
 from ...schema import EVENTS_SCHEMA
+from ...stats import LoaderTotals
 
 # Bounded so every sum the collector forms stays an exact 64-bit integer (2**53 ns: 104 days).
 NonNegInt = Annotated[int, Field(ge=0, le=2**53)]
@@ -84,23 +86,12 @@ class StepColumns(Strict):
         return len(self.step)
 
 
-class LoaderTotalsModel(Strict):
-    steps: NonNegInt = 0
-    epochs: NonNegInt = 0
-    wait_ns: NonNegInt = 0
-    compute_ns: NonNegInt = 0
-    other_ns: NonNegInt = 0
-    epoch_end_wait_ns: NonNegInt = 0
-    samples: NonNegInt = 0
-    samples_known: bool = True
-    dropped_records: NonNegInt = 0
-    wait_probe_ns: NonNegInt = 0
-    wait_probe_cpu_ns: NonNegInt = 0
-    wait_probe_process_cpu_ns: NonNegInt = 0
-    loop_process_cpu_ns: NonNegInt = 0
-    loop_wall_ns: NonNegInt = 0
-    other_loaders_wait_ns: NonNegInt = 0
-    shared_compute_ns: NonNegInt = 0
+# One field per LoaderTotals field (starvewatch/stats.py, where the list is written): a count
+# is a bounded non-negative integer, a flag a bool, each with the dataclass's default.
+LoaderTotalsModel = create_model(
+    "LoaderTotalsModel", __base__=Strict,
+    **{name: (bool if isinstance(spec.default, bool) else NonNegInt, spec.default)
+       for name, spec in LoaderTotals.__dataclass_fields__.items()})
 
 
 def _bounded_extras(model: BaseModel) -> None:
