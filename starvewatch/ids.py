@@ -20,7 +20,6 @@ ID_PATTERN = r"^[A-Za-z0-9_.:@+=~-]{1,128}$"
 _ID = re.compile(ID_PATTERN)
 # Printable text: no C0 control characters (NUL, newline, escape...) and no DEL.
 NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"
-_NAME = re.compile(NAME_PATTERN)
 
 
 def id_problem(value: object) -> str | None:
@@ -33,13 +32,6 @@ def id_problem(value: object) -> str | None:
     if set(value) == {"."}:
         return f"{value!r} is not an id (it names a directory)"
     return None
-
-
-def check_id(value: object) -> str:
-    problem = id_problem(value)
-    if problem is not None:
-        raise ValueError(problem)
-    return value  # type: ignore[return-value]
 
 
 def _ascii_slug(value: str) -> str:
@@ -67,14 +59,6 @@ def safe_id(value: str, suffix: str | None = None, prefix_chars: int = ID_MAX_CH
     kept = _ascii_slug(value)[:ID_MAX_CHARS - 13].strip(".-") or "run"
     digest = hashlib.sha1(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{kept}-{digest}"
-
-
-def name_problem(value: object) -> str | None:
-    if not isinstance(value, str):
-        return f"a name is a string, got {type(value).__name__}"
-    if not _NAME.fullmatch(value):
-        return f"a name is 1 to {NAME_MAX_CHARS} printable characters (no control characters)"
-    return None
 
 
 # Unicode categories that are not visible text: controls (C0 and C1), format characters

@@ -58,8 +58,6 @@ class WindowSums:
 class WindowVerdict:
     loader: str
     epoch: int
-    first_step: int
-    last_step: int
     step_ms: float
     compute_measured: bool
     # per rank: (input excess fraction, compute excess fraction or None)
@@ -108,8 +106,7 @@ def judge_window(loader: str, epoch: int, window: int, per_rank: dict[int, Windo
     busy = {r: wait[r] + compute[r] for r in per_rank}
     wait_ref, compute_ref = lower_median(list(wait.values())), lower_median(list(compute.values()))
     busy_ref = lower_median(list(busy.values()))
-    first = window * t.window_steps
-    verdict = WindowVerdict(loader, epoch, first, first + t.window_steps - 1, step_ns / 1e6, measured)
+    verdict = WindowVerdict(loader, epoch, step_ns / 1e6, measured)
     for rank in per_rank:
         compute_excess = None
         if measured:

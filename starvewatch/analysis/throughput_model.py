@@ -37,9 +37,6 @@ class Thresholds:
     bursty_p99_factor: float = 4.0        # p99 over 4x p50: waits come in bursts
     max_prefetch_factor: int = 16
     memory_reserve_fraction: float = 0.2  # of free RAM and /dev/shm, never planned for workers
-    shm_pressure_fraction: float = 0.8    # /dev/shm used over total
-    ram_pressure_fraction: float = 0.1    # available RAM under this share of total
-    swap_active_bytes_per_s: float = 1e6
     gpu_underused_pct: float = 70.0       # GPU utilization under this while not input-bound
     min_gain: float = 1.02                # predictions under 2% are not worth a recommendation
     worker_transfer_ms: float = 0.5       # handing a batch from a worker to the loop, when unmeasured
@@ -103,7 +100,6 @@ class LoaderFacts:
         self.wait = (totals.wait_ns + totals.epoch_end_wait_ns) / steps / 1e6
         self.step = self.wait + self.compute
         self.epochs = max(1, totals.epochs)
-        self.steps_per_epoch = max(1, self.steps / self.epochs)
         self.first_wait = rec.first_wait.total / rec.first_wait.count / 1e6 if rec and rec.first_wait.count else None
         steady = rec.steady_wait() if rec else None
         self.steady_wait = steady.total / steady.count / 1e6 if steady and steady.count else self.wait

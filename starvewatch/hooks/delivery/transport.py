@@ -176,7 +176,6 @@ class Delivery:
         self._backoff_s = min_backoff_s
         self._retry_at = 0.0
         self.failures = 0
-        self.last_error: str | None = None
         self.acknowledged = 0
         self._dropped: dict[str, int] = {}
         # Learned from a 413: batches with more step records are split before sending, so a
@@ -232,7 +231,6 @@ class Delivery:
 
     def _failed(self, exc: Exception) -> None:
         self.failures += 1
-        self.last_error = str(exc)
         if self._failing_since is None:
             self._failing_since = time.time()
         # "Equal jitter": between half and all of the back-off, so a retry never comes sooner
@@ -397,7 +395,6 @@ class Delivery:
             if spooled is not None:
                 self.spool.remove(spooled)
         self._drop("rejected", records)
-        self.last_error = str(exc)
         self.warnings.once("rejected", f"the collector rejected a batch of {records} step records as invalid "
                                        f"({exc.status}): it is kept in {target.parent} and counted as dropped "
                                        f"({str(exc)[:200]})")
