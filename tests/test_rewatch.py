@@ -1,6 +1,7 @@
 """A new loader watched under a name already used: other settings start a new run of the same
 name, the same settings go on in the run (in a script as in a notebook); and the parts of the
 notebook support that need no kernel."""
+import logging
 import subprocess
 import sys
 
@@ -83,13 +84,15 @@ def test_a_run_the_user_finishes_is_not_resumed_by_name(memory_run):
 @pytest.mark.parametrize("raw, expected, complains", [
     (None, 600.0, False), ("30", 30.0, False), ("0.5", 0.5, False), ("off", 0.0, False),
     ("0", 0.0, False), ("ten", 600.0, True), ("-5", 600.0, True), ("nan", 600.0, True), ("inf", 600.0, True)])
-def test_notebook_idle_setting(monkeypatch, capsys, raw, expected, complains):
+def test_notebook_idle_setting(monkeypatch, caplog, raw, expected, complains):
+    """Read as every number setting (envvars.number): a malformed value gets its one warning."""
+    caplog.set_level(logging.WARNING, logger="starvewatch")
     if raw is None:
         monkeypatch.delenv("STARVEWATCH_NOTEBOOK_IDLE_S", raising=False)
     else:
         monkeypatch.setenv("STARVEWATCH_NOTEBOOK_IDLE_S", raw)
     assert HookSettings.from_env().notebook_idle_s == expected
-    assert ("STARVEWATCH_NOTEBOOK_IDLE_S" in capsys.readouterr().err) is complains
+    assert any("STARVEWATCH_NOTEBOOK_IDLE_S" in r.getMessage() for r in caplog.records) is complains
 
 
 def test_outside_a_kernel_nothing_changes(memory_run):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,21 +10,12 @@ from ..envvars import collector_url, flag, limit_bytes, number, token
 
 
 def _notebook_idle_s(default: float = 600.0) -> float:
-    """STARVEWATCH_NOTEBOOK_IDLE_S: seconds, 0 or off for never; a typo keeps the default."""
+    """STARVEWATCH_NOTEBOOK_IDLE_S: seconds, 0 or off for never; a typo keeps the default
+    (with envvars' one line, as every number setting)."""
     raw = os.environ.get("STARVEWATCH_NOTEBOOK_IDLE_S")
-    if raw is None or not raw.strip():
-        return default
-    if raw.strip().lower() in {"0", "off", "never", "false", "no"}:
+    if raw is not None and raw.strip().lower() in {"off", "never", "false", "no"}:
         return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 and value != float("inf")):
-        print(f"starvewatch: STARVEWATCH_NOTEBOOK_IDLE_S={raw!r} is not a number of seconds; "
-              f"using {default:g}", file=sys.stderr, flush=True)
-        return default
-    return value
+    return number("STARVEWATCH_NOTEBOOK_IDLE_S", default, minimum=0.0, above_minimum=False)
 
 
 @dataclass
