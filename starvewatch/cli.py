@@ -367,6 +367,17 @@ _positive_number = _positive(float, "a number")
 _positive_int = _positive(int, "a whole number")
 
 
+def _seconds_or_never(text: str) -> float:
+    """An argparse type: a finite number of seconds, at least 0 (0: never)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):  # NaN compares false: refused too
+        raise argparse.ArgumentTypeError(f"must be 0 (never) or a positive number of seconds, got {text}")
+    return value
+
+
 def _db_size(text: str) -> int:
     from .monitor.budget.retention import parse_size
     try:
@@ -447,15 +458,15 @@ def _add_serve(sub) -> None:
                        help="request line and headers together (default 65536)")
     serve.add_argument("--max-connections", type=_positive_int, default=100, metavar="N",
                        help="connections open at once; more are closed at once (default 100)")
-    serve.add_argument("--idle-exit", type=float, default=0.0, metavar="SECONDS",
+    serve.add_argument("--idle-exit", type=_seconds_or_never, default=0.0, metavar="SECONDS",
                        help="exit after this long with no live run (default: never)")
     serve.add_argument("--otlp-endpoint", metavar="URL", help="also send the metrics to this OTLP/HTTP endpoint "
                        "(e.g. http://otel-collector:4318/v1/metrics; needs starvewatch[otel])")
-    serve.add_argument("--otlp-interval", type=float, default=15.0, metavar="SECONDS",
+    serve.add_argument("--otlp-interval", type=_positive_seconds, default=15.0, metavar="SECONDS",
                        help="OTLP export period (default 15)")
     serve.add_argument("--tensorboard", metavar="DIR", help="write per-run scalars for TensorBoard under DIR "
                        "(needs starvewatch[tensorboard])")
-    serve.add_argument("--tensorboard-interval", type=float, default=5.0, metavar="SECONDS",
+    serve.add_argument("--tensorboard-interval", type=_positive_seconds, default=5.0, metavar="SECONDS",
                        help="TensorBoard write period (default 5)")
     serve.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
                        help="answer 408 to a request whose body goes silent this long (default 30)")

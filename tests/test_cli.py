@@ -206,3 +206,31 @@ def test_demo_says_the_collector_started_for_it_keeps_running(tmp_path):
     assert "keeps running in the background" in note and "http://127.0.0.1:8412" in note
     assert "an hour" in note and "`starvewatch stop`" in note
     assert background_note(None, tmp_path) is None  # offline: no collector at all
+
+
+@pytest.mark.parametrize("option, bad", [
+    ("--otlp-interval", "0"), ("--otlp-interval", "-5"), ("--otlp-interval", "nan"), ("--otlp-interval", "inf"),
+    ("--tensorboard-interval", "0"), ("--tensorboard-interval", "-1"), ("--tensorboard-interval", "NaN"),
+    ("--idle-exit", "-1"), ("--idle-exit", "nan"), ("--idle-exit", "inf"), ("--idle-exit", "soon")])
+def test_serve_refuses_intervals_that_would_spin_or_never_come(option, bad, capsys, monkeypatch):
+    """Through the console script's entry point (starvewatch.cli:main): a usage error (exit 2)
+    naming the option, before anything starts; `--tensorboard-interval 0` would spin a core."""
+    from starvewatch import cli as entry
+    monkeypatch.setattr(entry, "cmd_serve", lambda args: pytest.fail(f"serve started with {option} {bad}"))
+    with pytest.raises(SystemExit) as exit_:
+        entry.main(["serve", "--port", "1", option, bad])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and option in err and "Traceback" not in err, err
+
+
+def test_serve_keeps_idle_exit_zero_as_never_and_takes_good_intervals(monkeypatch):
+    from starvewatch import cli as entry
+    seen = []
+    monkeypatch.setattr(entry, "cmd_serve", lambda args: seen.append(args) or 0)
+    assert entry.main(["serve", "--idle-exit", "0", "--otlp-interval", "0.5", "--tensorboard-interval", "2"]) == 0
+    assert (seen[0].idle_exit, seen[0].otlp_interval, seen[0].tensorboard_interval) == (0.0, 0.5, 2.0)
+
+
+def test_a_refused_interval_exits_2_from_the_command_line():
+    out = cli("serve", "--port", str(free_port()), "--tensorboard-interval", "0")
+    assert out.returncode == 2 and "--tensorboard-interval" in out.stderr and "Traceback" not in out.stderr, out
