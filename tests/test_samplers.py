@@ -225,9 +225,11 @@ def test_cpu_shares_sum_per_core_and_a_counter_running_backwards_counts_zero():
 
     from starvewatch.hooks.samplers import HostSampler
     Times = namedtuple("Times", "user nice system idle iowait irq softirq steal guest guest_nice")
-    readings = iter([[Times(10, 0, 5, 100, 8, 0, 0, 0, 0, 0), Times(10, 0, 5, 100, 0, 0, 0, 0, 0, 0)],
+    readings = iter([[Times(10, 0, 5, 100, 8, 0, 0, 0, 0, 0), Times(10, 0, 5, 100, 3.0, 0, 0, 0, 0, 0)],
                      [Times(10.3, 0, 5.1, 100.4, 8.2, 0, 0, 0, 0, 0),   # 0.4 busy, 0.2 iowait of 1.0
-                      Times(10.0, 0, 5.0, 100.5, 0.0, 0, 0, 0, 0, 0)]])
+                      # idle, and its iowait counter ran backwards by 0.1 s (kernels do this):
+                      # counted as none, neither a negative iowait nor a shorter interval
+                      Times(10.0, 0, 5.0, 100.5, 2.9, 0, 0, 0, 0, 0)]])
 
     class FakePsutil:
         def cpu_times(self, percpu):
