@@ -187,13 +187,16 @@ def test_ended_runs_are_coarsened_then_deleted_oldest_first_with_a_log_line_and_
         ids = [r["id"] for r in client.get("/api/v1/runs").json()["runs"]]
         notes = folded_reads.recent_notes(store.reader(), limit=100)
         shown = Query(store).storage_notes()  # the banner's: the latest five
-        latest = client.get("/api/v1/runs/run-5/summary").json()
+        # The newest run kept its steps: counted from what the export reads (raw rows and
+        # buckets), not from the loader totals that every batch carries.
+        latest = csv_rows(client, "run-5")
     assert "run-0" not in ids and "run-5" in ids
-    assert latest["loaders"][0]["steps"] == 6000
+    assert sum(int(r["bucket_steps"]) if r["kind"] == "bucket" else r["kind"] == "step" for r in latest) == 6000
     actions = [(n["run_id"], n["action"]) for n in reversed(notes)]
     assert ("run-0", "deleted") in actions
-    assert actions.index(("run-0", "coarsened")) < actions.index(("run-0", "deleted")) if (
-        "run-0", "coarsened") in actions else True
+    # Coarsened (stage 3) before deleted (the last resort): each run once, in that order.
+    assert actions.count(("run-0", "coarsened")) == actions.count(("run-0", "deleted")) == 1
+    assert actions.index(("run-0", "coarsened")) < actions.index(("run-0", "deleted"))
     deleted = [run for run, action in actions if action == "deleted"]
     assert deleted == sorted(deleted)  # oldest first
     logged = [r.getMessage() for r in caplog.records if r.name == "starvewatch.retention"]
@@ -203,6 +206,37 @@ def test_ended_runs_are_coarsened_then_deleted_oldest_first_with_a_log_line_and_
     assert banner.id == "storage-banner" and shown[0]["run_id"] in str(banner.children)
     assert "deleted" in str(banner.children)
     assert views.storage_banner([]) is None
+
+
+def test_a_live_run_is_never_coarsened_or_deleted_even_when_it_is_the_oldest(tmp_path, monkeypatch):
+    """The oldest run is live (its stream open, heard from just now); five ended runs after it
+    push the database past its budget, so ended runs are coarsened and deleted, oldest first.
+    The live run keeps every step and its raw window: the CSV export has (at least) its latest
+    RAW_WINDOW_STEPS steps as raw rows (the straggler rule reads them) and every older step in
+    a bucket. Its step count in the summary would prove nothing: the loader totals ride in
+    every batch, so a run deleted and then sent one more batch shows them whole again."""
+    window = 500
+    monkeypatch.setattr(retention, "RAW_WINDOW_STEPS", window)
+    monkeypatch.setattr(Query, "STRAGGLER_ROWS", window)
+    with app_client(tmp_path, max_db_bytes=1_000_000) as client:
+        store = client.app.state.store
+        for k in ["live", 1, 2, 3, 4, 5]:  # started in this order: the live run is the oldest
+            start_s = 1_700_000_000 + (0 if k == "live" else k * 10_000)
+            for i in range(3):
+                status = "live" if k == "live" or i < 2 else "finished"
+                assert post(client, batch(run_id=f"run-{k}", stream=f"s-{k}", seq=i + 1, n=2000, step0=i * 2000,
+                                          start_s=start_s, every_ns=SECOND, status=status)).status_code == 200
+        store.retention.enforce_now()
+        notes = [(n["run_id"], n["action"]) for n in folded_reads.recent_notes(store.reader(), limit=100)]
+        runs = {r["id"]: r["status"] for r in client.get("/api/v1/runs").json()["runs"]}
+        rows = csv_rows(client, "run-live")
+    assert ("run-1", "deleted") in notes, "the test needs the budget to delete an ended run"
+    assert runs["run-live"] == "live"
+    assert [n for n in notes if n[0] == "run-live"] == []
+    raw = sorted(int(row["step"]) for row in rows if row["kind"] == "step")
+    # Folding goes by stored blocks (a batch's steps), so the raw tail may hold more than the window.
+    assert len(raw) >= window and raw == list(range(raw[0], 6000))
+    assert sum(int(row["bucket_steps"]) for row in rows if row["kind"] == "bucket") + len(raw) == 6000
 
 
 def test_rollup_tiers_keep_totals_and_at_least_1000_buckets(tmp_path):
