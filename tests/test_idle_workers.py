@@ -23,14 +23,20 @@ def slow_sample(sample):
     return sample
 
 
-def run(loader, name: str, epochs: int = 1) -> int:
-    """Epochs with a 1 ms step; the number of batches."""
-    batches = 0
+def run(loader, name: str, epochs: int = 1, clock: dict | None = None) -> int:
+    """Epochs with a 1 ms step; the number of batches. `clock` gets the loop's wall time and
+    its bodies' time (ns), from the test's own clock."""
+    batches = body_ns = 0
     watched = starvewatch.watch(loader, name)
+    t_start = time.perf_counter_ns()
     for _ in range(epochs):
         for _ in watched:
+            t0 = time.perf_counter_ns()
             time.sleep(0.001)
+            body_ns += time.perf_counter_ns() - t0
             batches += 1
+    if clock is not None:
+        clock.update(wall_ns=time.perf_counter_ns() - t_start, body_ns=body_ns)
     return batches
 
 
@@ -68,7 +74,9 @@ def _webdataset(urls, **kwargs):
 def test_webdataset_with_fewer_shards_than_workers_is_found_and_not_given_more_workers(shard_files):
     one = shard_files(1)
     # 1 shard for 2 workers (empty_check=False: webdataset would otherwise refuse to start).
-    assert run(DataLoader(_webdataset(one, empty_check=False), batch_size=BATCH, num_workers=2), "one_shard", 2) == 32
+    clock = {}
+    assert run(DataLoader(_webdataset(one, empty_check=False), batch_size=BATCH, num_workers=2), "one_shard", 2,
+               clock) == 32
     # Resampled: each worker draws shards at random, none runs out: never flagged.
     resampled = _webdataset(one, resampled=True).with_epoch(N // 2)
     assert run(DataLoader(resampled, batch_size=BATCH, num_workers=2), "resampled") == 16
@@ -85,8 +93,11 @@ def test_webdataset_with_fewer_shards_than_workers_is_found_and_not_given_more_w
                               "dataset_shards": 1, "world_size": 1, "readers": 2, "cause": "too_few_shards",
                               "rank": 0, "idle_ranks": [], "batches_per_rank": {"0": 32}}
     # Resharding's speed-up, from the active worker's measured load time: every worker serving
-    # can only help (how close it comes is for the benchmark harness, not a timed test).
-    assert predicted > 1.0
+    # can only help, and at most by all of the waiting the loop did (its wall time over its
+    # bodies', on the test's clock in this run). On a loaded machine the body's 1 ms stretches
+    # and the gain left can be none (1.0 was seen); how close it comes is for the benchmark
+    # harness, not a timed test.
+    assert 1.0 <= predicted <= 1.1 * clock["wall_ns"] / clock["body_ns"], (predicted, clock)
     assert "1 of 2 DataLoader workers of 'one_shard' served no batches" in idle["title"]
     assert "1 shard for 2 workers" in idle["title"]
     assert "at least 2 shards" in idle["fix"] and "num_workers=1" in idle["fix"]
