@@ -300,3 +300,29 @@ def test_shm_estimate_blames_only_loaders_whose_batches_matter():
     assert shm_findings(events, configs, {"shm_total_bytes": 1024 * mib, "shm_used_max_bytes": 0}) == []
     [warn] = shm_findings(events, configs, {"shm_total_bytes": 128 * mib, "shm_used_max_bytes": 0})
     assert warn["severity"] == "warning" and "num_workers=2, prefetch_factor=2" in warn["fix"]
+
+
+def test_worker_memory_is_uss_only_never_an_early_rss_reading():
+    """A worker's memory, in one unit: its first snapshot (before the first USS reading) has
+    only RSS, 8 GiB because the parent holds a large dataset the fork shares; its USS readings
+    are 100 MiB. The maximum is ~100 MiB, and the memory budget plans the workers the loading
+    wants instead of capping them at what 8 GiB a worker would allow."""
+    from starvewatch.analysis.system import overview
+    from tests.test_diagnosis import GIB, loader, run, system
+    mib = 2**20
+
+    def snapshot(t_s, uss):
+        return ("workers", {"t_ns": t_s * 10**9, "loader": "train", "configured_workers": 2, "alive_workers": 2,
+                            "workers": [{"id": k, "pid": 100 + k, "rss_bytes": 8 * GIB, "uss_bytes": uss,
+                                         "mem_t_ns": t_s * 10**9 if uss else None} for k in range(2)]})
+    events = [snapshot(0, None)] + [snapshot(t, 100 * mib + t * 1000) for t in (5, 10, 15)]
+    memory = overview(events)["loaders"]["train"]["worker_mem_bytes_max"]
+    assert memory == pytest.approx(100 * mib, rel=0.01)
+    s = run(loader(wait_ms=30, compute_ms=5, workers=2, persistent=True),
+            system_info=system(cpu_fraction=0.05, load_ms=35, mem_available_min_bytes=2 * GIB,
+                               loaders={"train": {"worker_load_ms_mean": 35, "worker_cpu_fraction": 0.05,
+                                                  "worker_mem_bytes_max": memory}}))
+    workers = [r for r in s["recommendations"] if r["parameter"] == "num_workers"]
+    # 9 workers wanted; (2 GiB free + 2 x 100 MiB) x 0.8 holds 18 of 100 MiB (of 8 GiB: 1)
+    assert [(r["suggested"], r["kind"]) for r in workers] == [(9, "speedup")]
+    assert "memory" not in workers[0]["reason"]

@@ -8,7 +8,7 @@ samples, kept exactly and mergeable (a bucket of buckets is a bucket). Pure: the
   sample's `interval_s`, as system.overview does; anything else by 1), minima and maxima.
   GPU devices: `devices`, one `agg` per device position. Worker snapshots: `alive_workers`,
   `queue_depth` and, over every worker of every snapshot, `worker_cpu_pct`, `worker_mem_bytes`
-  (USS, else RSS) and `batch_bytes`.
+  (USS only, one unit: RSS counts the pages shared with the training process) and `batch_bytes`.
 - worker snapshots also keep each worker's first and last memory reading of the bucket
   (`mem_points`, the memory-growth finding's series), the pids that died of SIGBUS, the worst
   shard check and the latest shard hashes; the snapshot itself is the bucket's latest with
@@ -118,7 +118,10 @@ def worker_parts(event: dict) -> dict:
     points, sigbus = [], []
     for w in event.get("workers") or []:
         _add(aggs, "worker_cpu_pct", w.get("cpu_pct"))
-        _add(aggs, "worker_mem_bytes", w.get("uss_bytes") or w.get("rss_bytes"))
+        # USS only: a forked worker's RSS (all a snapshot has before its first USS reading)
+        # counts the pages it shares with the training process, a large in-memory dataset's
+        # too; mixed in, one early snapshot would be every worker's maximum.
+        _add(aggs, "worker_mem_bytes", w.get("uss_bytes"))
         if w.get("batch_bytes"):
             _add(aggs, "batch_bytes", int(w["batch_bytes"]))
         if w.get("mem_t_ns") is not None and w.get("pid") is not None and w.get("uss_bytes") is not None:

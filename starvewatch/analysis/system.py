@@ -117,8 +117,9 @@ def overview(events: list[tuple[str, dict]], rank: int | None = None) -> dict | 
             "worker_cpu_fraction": _mean(w.get("cpu_fraction") for w in per_worker),
             "worker_cpu_pct_mean": _agg_mean(p["agg"]["worker_cpu_pct"] for p in parts
                                              if "worker_cpu_pct" in p["agg"]),
-            # Memory one worker holds of its own: USS where known (issue 16), else RSS (an upper
-            # bound: a forked worker shares most of its pages with the training process).
+            # Memory one worker holds of its own: USS (issue 16), in one unit: never RSS, which
+            # counts the pages a forked worker shares with the training process (a parent holding
+            # an 8 GiB dataset would read as 8 GiB a worker). None until a USS reading.
             "worker_mem_bytes_max": max((p["agg"]["worker_mem_bytes"][3] for p in parts
                                          if "worker_mem_bytes" in p["agg"]), default=None),
             "workers": [{"id": w.get("id"), "pid": w.get("pid"), "state": w.get("state"),
