@@ -34,10 +34,6 @@ def recent_notes(db, limit: int = 5) -> list[dict]:
                 "SELECT t, run_id, run_name, action, detail FROM retention_log ORDER BY t DESC LIMIT ?", (limit,))]
 
 
-EXPORT_ROW_KEYS = ("rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
-                   "batch_size", "gpu_idle_ns", "kind", "bucket_s", "bucket_steps")
-
-
 def export_rows(store, run_id: str, batch: int = 5000):
     """Every step of a run for the CSV export, in batches of tuples: Store.STEP_ROW_COLUMNS plus
     (kind, bucket_s, bucket_steps). A rolled-up span comes as its rollup buckets (kind "bucket":

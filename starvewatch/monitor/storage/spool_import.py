@@ -31,7 +31,6 @@ class SpoolImporter:
         self.root = Path(root)
         self.delete = delete
         self.set_aside = set_aside  # False: a read-only view (sources.offline) moves nothing
-        self.imported_batches = 0
         # A long-lived collector's sweep may reject files for months: the run's account in the
         # database counts and lists them (Store.note_rejected_file); here only how many, and
         # the latest few paths (what `starvewatch import` prints).
@@ -78,7 +77,6 @@ class SpoolImporter:
                 _remove_empty(path.parent)
             if progress is not None:
                 progress(path)
-        self.imported_batches += count
         return count
 
     def _reject(self, path: Path, exc: Exception, payload) -> None:
