@@ -230,6 +230,7 @@ def _dir(args):
 def cmd_serve(args) -> int:
     from .monitor.web.collector_settings import CollectorSettings
     settings = CollectorSettings(host=args.host, port=args.port, dir=_dir(args), db=args.db,
+                                 **({"database_url": args.database_url} if args.database_url else {}),
                                  idle_exit_s=args.idle_exit, body_timeout_s=args.body_timeout,
                                  lost_after_s=args.lost_after, max_db_bytes=args.max_db_size,
                                  otlp_endpoint=args.otlp_endpoint,
@@ -276,7 +277,7 @@ def cmd_serve(args) -> int:
         return fail(f"cannot listen on {settings.url}: {exc.strerror or exc}")
     from .monitor.web.server import serve
     if not args.autostarted:
-        print(f"starvewatch collector and dashboard on {settings.url} (db {settings.db_path})", flush=True)
+        print(f"starvewatch collector and dashboard on {settings.url} ({settings.store_label})", flush=True)
     if generated:
         print(f"no token was given: this collector's token is {generated}\n"
               f"  (shown once; give it to the hooks as STARVEWATCH_TOKEN, and open "
@@ -441,6 +442,9 @@ def _add_serve(sub) -> None:
                        "any other address requires a token)")
     serve.add_argument("--port", type=int, default=8412, help="port (default 8412)")
     serve.add_argument("--db", help="SQLite file (default STARVEWATCH_DIR/starvewatch.db)")
+    serve.add_argument("--database-url", metavar="URL",
+                       help="a PostgreSQL database shared by several collectors, postgresql://user@host:port/db "
+                       "(default STARVEWATCH_DATABASE_URL; needs pip install 'starvewatch[postgres]')")
     serve.add_argument("--dir", help="data directory (default STARVEWATCH_DIR or ~/.starvewatch)")
     serve.add_argument("--token", help="require this token on every route; prefer STARVEWATCH_TOKEN or "
                        "--token-file, as any user of the machine sees a command line (ps)")

@@ -195,3 +195,22 @@ def hot_path_core(request, monkeypatch):
     finally:
         if core.current() != before:  # a test that switched cores leaves the next one as it found it
             core.use(before)
+
+
+# ---- a real PostgreSQL (tests/postgres.py) -----------------------------------------------------
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """One throw-away PostgreSQL cluster for the session (its own directory, port and non-root
+    owner), stopped by PID at the end. Never skipped: CI installs PostgreSQL (.ci/run)."""
+    from tests.postgres import Cluster
+    cluster = Cluster().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster, request):
+    """A new, empty database in the session's cluster: its postgresql:// URL."""
+    import re as _re
+    name = "t_" + _re.sub(r"\W", "_", request.node.name.lower())[:40] + f"_{os.getpid()}_{_time.monotonic_ns() % 10**6}"
+    return postgres_cluster.database(name)

@@ -6,8 +6,6 @@ Its own module because these are the readers' side (query.py, the CSV export) of
 budget writes (retention.py, raw_step_fold.py): they run on reader connections, never fold."""
 from __future__ import annotations
 
-import sqlite3
-
 
 def rolled_spans(db, run_id: str) -> list[dict]:
     """Per rank: steps before `until` live only in the rollups (and exemplars)."""
@@ -40,7 +38,7 @@ def export_rows(store, run_id: str, batch: int = 5000):
     epoch is the bucket's first, step is empty, the times are the bucket's totals, batch_size its
     samples), then the exemplars kept raw inside it (kind "exemplar": already counted in their
     bucket), then the raw steps after it (kind "step")."""
-    conn = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True, check_same_thread=False)
+    conn = store.read_only_connection()
     try:
         spans = dict(conn.execute("SELECT rank, until_s FROM rolled_spans WHERE run_id = ?", (run_id,)).fetchall())
         boundary_ns: dict[int, int] = {}

@@ -10,7 +10,6 @@ goes on, and `serve` always starts.
 from __future__ import annotations
 
 import logging
-import sqlite3
 from pathlib import Path
 
 from ...batch_parts import split
@@ -19,6 +18,7 @@ from ...limits import MAX_LIST_RECORDS
 from ...logonce import RateLimitedLog
 from ...spool_format import GLOB, read_spool_file
 from ..web.wire_models import EventBatch
+from .open_store import database_errors
 
 log = logging.getLogger("starvewatch.collector")
 _busy = RateLimitedLog(log)
@@ -64,7 +64,7 @@ class SpoolImporter:
                     stored = self.store.ingest(batch) or stored
             except FileNotFoundError:
                 continue  # the producing process replayed it meanwhile
-            except sqlite3.Error as exc:  # the database is busy or full: the file is fine, try it again later
+            except database_errors() as exc:  # the database is busy or full: the file is fine, try it again later
                 _busy.error(f"ingest:{type(exc).__name__}", "spool file %s not ingested now (%s); "
                             "trying again at the next sweep", path, exc)
                 continue
@@ -117,7 +117,7 @@ class SpoolImporter:
         if id_problem(run_id) is None and id_problem(stream) is None:
             try:
                 self.store.note_rejected_file(run_id, stream, str(target), reason, records)
-            except (sqlite3.Error, ValueError) as store_error:
+            except (*database_errors(), ValueError) as store_error:
                 log.warning("spool file %s rejected, and its run's account not updated: %s", path, store_error)
 
 

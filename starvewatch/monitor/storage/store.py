@@ -15,6 +15,7 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -313,6 +314,16 @@ class Store:
         row = self.reader().execute("SELECT data FROM tunings WHERE run_id = ? ORDER BY created_at DESC, "
                                     "rowid DESC LIMIT 1", (run_id,)).fetchone()
         return orjson.loads(row[0]) if row else None
+
+    @contextmanager
+    def once(self, what: str):
+        """Work done by one collector at a time (the budget's folds, spool sweeps): True here,
+        where this process is the database's one writer; PgStore takes an advisory lock."""
+        yield True
+
+    def read_only_connection(self) -> sqlite3.Connection:
+        """A connection of its own for a streamed read (folded_reads.export_rows)."""
+        return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
 
     def delete_run(self, run_id: str) -> bool:
         with self._write_lock:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sqlite3
 import threading
 import time
 import zlib
@@ -28,7 +27,7 @@ from .wire_models import EventBatch
 from ..storage.query import NotFound, Query
 from .collector_settings import CollectorSettings
 from ..storage.spool_import import SpoolImporter
-from ..storage.store import Store
+from ..storage.open_store import database_errors, open_store
 
 log = logging.getLogger("starvewatch.collector")
 sweep_errors = RateLimitedLog(log)
@@ -122,7 +121,7 @@ def _lifespan(state: dict, settings: CollectorSettings):
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        store = Store(settings.db_path, max_db_bytes=settings.max_db_bytes)
+        store = open_store(settings.store_target, max_db_bytes=settings.max_db_bytes)
         query = Query(store, lost_after_s=settings.lost_after_s)
         importer = SpoolImporter(store, settings.dir / "spool")
         state.update(store=store, query=query, importer=importer, started=time.time(),
@@ -413,7 +412,10 @@ def _background(state: dict, settings: CollectorSettings) -> None:
             give_back()
             trimmed_at = time.monotonic()
         try:
-            state["importer"].scan()
+            # One collector at a time sweeps a spool directory that several share (PgStore.once).
+            with state["store"].once(f"spool:{(settings.dir / 'spool').resolve()}") as mine:
+                if mine:
+                    state["importer"].scan()
         except Exception as exc:  # a full disk or an unreadable directory must not end the sweeps
             sweep_errors.error(f"sweep:{type(exc).__name__}", "spool sweep of %s failed: %s: %s",
                                settings.dir / "spool", type(exc).__name__, exc)
@@ -421,7 +423,7 @@ def _background(state: dict, settings: CollectorSettings) -> None:
             try:
                 store = state["store"]
                 newest = store.reader().execute("SELECT max(last_seen) FROM streams WHERE finished = 0").fetchone()[0]
-            except sqlite3.Error as exc:  # busy or locked for longer than the busy timeout: ask again next time
+            except database_errors() as exc:  # busy or locked for longer than the busy timeout: ask again next time
                 sweep_errors.error("idle-check", "idle check failed: %s", exc)
                 continue
             last = max(state["last_activity"], newest or 0, state["started"])

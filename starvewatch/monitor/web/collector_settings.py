@@ -28,6 +28,8 @@ class CollectorSettings:
     port: int = DEFAULT_PORT
     dir: Path = field(default_factory=default_dir)
     db: Path | None = None
+    # A PostgreSQL database shared by any number of collectors (monitor/storage/pg_store.py)
+    database_url: str | None = field(default_factory=lambda: os.environ.get("STARVEWATCH_DATABASE_URL") or None)
     token: str | None = field(default_factory=lambda: os.environ.get("STARVEWATCH_TOKEN") or None)
     lost_after_s: float = 60.0          # a process silent this long without finishing is lost
     idle_exit_s: float = 0.0            # exit after this long with no live run (0: never)
@@ -56,6 +58,21 @@ class CollectorSettings:
     @property
     def db_path(self) -> Path:
         return Path(self.db) if self.db else Path(self.dir) / "starvewatch.db"
+
+    @property
+    def store_target(self) -> str | Path:
+        """What the collector opens: the database URL when one is set, else the SQLite file."""
+        return self.database_url or self.db_path
+
+    @property
+    def store_label(self) -> str:
+        """The store for a banner: the URL without its password, or the file."""
+        if not self.database_url:
+            return f"db {self.db_path}"
+        from urllib.parse import urlsplit
+        parts = urlsplit(self.database_url)
+        return "database " + (self.database_url.replace(f":{parts.password}@", ":***@") if parts.password
+                              else self.database_url)
 
     @property
     def url(self) -> str:

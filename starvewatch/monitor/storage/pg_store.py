@@ -1,0 +1,337 @@
+"""The store on PostgreSQL (`serve --database-url postgresql://...`): the same interface as the
+SQLite Store (store.py), for any number of collectors on one database.
+
+What differs from SQLite, and why:
+- Writes: one transaction per batch on this collector's writer connection; the step rows go in
+  by COPY (the batch's rows, with rowids from a reserved block: pg_schema.STEP_ROWID_BLOCK) and
+  everything else through the same SQL text as SQLite's (pg_dialect.py translates it).
+- Several collectors: a batch takes a transaction-scoped advisory lock on its stream, so a
+  batch replayed to two collectors at once is stored once (`seen` decides, as on SQLite); the
+  run's row is written last, so two collectors ingesting one run's ranks overlap their COPYs.
+  Per-loader statistics are read from the database for each batch, never from this process's
+  memory (another collector may have written them since).
+- Caches: the query cache keys on `versions` / `version` / `deletions`; each commit NOTIFYs the
+  run it changed, and a listener thread bumps them on every collector (LISTEN/NOTIFY), so an
+  answer cached here is voided by a batch another collector stored.
+- Work done once (the storage budget's folds and deletions, spool sweeps): under a session
+  advisory lock (`once`), released when its holder ends or dies; another takes it next time.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import orjson
+
+from ...batch_parts import uncovered
+from ...stats import RecordStats
+from . import pg_dialect, pg_schema
+from .batch_records import only_records
+from .step_ingest import insert_steps
+from .store import Store
+
+log = logging.getLogger("starvewatch.store")
+
+CHANNEL = "starvewatch_changes"
+_STEP_COLUMNS = ("run_id", "rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
+                 "batch_size", "gpu_idle_ns", "rowid")
+
+
+class _IngestConnection(pg_dialect.Connection):
+    """The writer during one batch: step_ingest.insert_steps runs unchanged on it, its two
+    SQLite-specific statements answered the PostgreSQL way (the next rowid from a reserved
+    block; the rows by COPY)."""
+
+    def __init__(self, conn, store: "PgStore") -> None:
+        super().__init__(conn)
+        self.store = store
+        self.block_start = 0
+
+    def execute(self, sql: str, params=()):
+        if sql == "SELECT max(rowid) FROM steps":
+            self.block_start = self.raw.execute("SELECT nextval('step_rowids')").fetchone()[0]
+            return _Answer((self.block_start - 1,))
+        return super().execute(sql, params)
+
+    def executemany(self, sql: str, rows):
+        if sql.startswith("INSERT INTO steps VALUES"):
+            start = self.block_start
+            with self.raw.cursor().copy(f"COPY steps ({', '.join(_STEP_COLUMNS)}) FROM STDIN") as copy:
+                for i, row in enumerate(rows):
+                    copy.write_row((*row, start + i))
+            return None
+        return super().executemany(sql, rows)
+
+
+class _Answer:
+    def __init__(self, row) -> None:
+        self.row = row
+
+    def fetchone(self):
+        return self.row
+
+
+class PgStore(Store):
+    """Store on PostgreSQL; `url` is a libpq URL (postgresql://user@host:port/database)."""
+
+    def __init__(self, url: str, max_db_bytes: int | None = None) -> None:
+        from ..budget import pg_retention, retention
+        self.url = url
+        self.path = None  # no file: the budget measures relations (pg_retention.py)
+        self._write_lock = threading.RLock()
+        self._writer_raw = pg_dialect.connect(url, application_name="starvewatch-writer")
+        self._writer = pg_dialect.Connection(self._writer_raw)
+        try:
+            self.migrate_schema()
+        except BaseException:
+            self._writer_raw.close()
+            raise
+        self._local = threading.local()
+        self._readers: list = []
+        self._readers_lock = threading.Lock()
+        self._stats_cache: dict = {}  # unused: statistics are read per batch (another collector writes them too)
+        self._partitions: set[str] = set()
+        self.ingested_records = 0
+        self.versions: dict[str, int] = defaultdict(int)
+        self.version = 0
+        self.deletions = 0
+        self._closed = threading.Event()
+        self._listener = threading.Thread(target=self._listen, daemon=True, name="starvewatch-pg-listen")
+        self._listener.start()
+        self.retention = pg_retention.PgRetention(
+            self, retention.DEFAULT_MAX_DB_BYTES if max_db_bytes is None else max_db_bytes)
+
+    def __repr__(self) -> str:
+        return f"PgStore({self.describe()})"
+
+    def describe(self) -> str:
+        """The URL without its password (for logs and the banner)."""
+        from urllib.parse import urlsplit, urlunsplit
+        parts = urlsplit(self.url)
+        if parts.password:
+            netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+            return urlunsplit(parts._replace(netloc=netloc))
+        return self.url
+
+    def migrate_schema(self, vacuum: bool = True) -> None:
+        pg_schema.migrate(self._writer_raw)
+
+    def reader(self):
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.raw.closed:
+            conn = self._local.conn = pg_dialect.Connection(
+                pg_dialect.connect(self.url, application_name="starvewatch-reader"))
+            with self._readers_lock:
+                self._readers.append(conn)
+        return conn
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._write_lock:
+            self._writer.close()
+        with self._readers_lock:
+            for conn in self._readers:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001 - a reader of a thread that is gone
+                    pass
+        self._listener.join(5)
+
+    # ---- coherence between collectors ----------------------------------------------------------
+    def _listen(self) -> None:
+        """Bump the data versions for every change any collector commits (LISTEN/NOTIFY)."""
+        while not self._closed.is_set():
+            try:
+                conn = pg_dialect.connect(self.url, application_name="starvewatch-listen")
+            except Exception as exc:  # noqa: BLE001 - the database restarting: try again
+                log.warning("LISTEN connection failed (%s); the query cache keeps its 5 s bound", exc)
+                self._closed.wait(1.0)
+                continue
+            try:
+                conn.execute(f"LISTEN {CHANNEL}")
+                while not self._closed.is_set():
+                    for note in conn.notifies(timeout=0.5):
+                        self._changed(note.payload)
+            except Exception as exc:  # noqa: BLE001
+                if not self._closed.is_set():
+                    log.warning("LISTEN connection lost (%s); reconnecting", exc)
+                    # Whatever changed meanwhile is unknown: void every cached answer.
+                    self.deletions += 1
+            finally:
+                conn.close()
+
+    def _changed(self, payload: str) -> None:
+        kind, _, run_id = payload.partition(":")
+        if kind == "delete":
+            self.versions.pop(run_id, None)
+            self.deletions += 1
+        else:
+            self.versions[run_id] += 1
+        self.version += 1
+
+    @contextmanager
+    def once(self, what: str):
+        """Yields True in the one collector holding `what`'s lock (others get False and skip the
+        work); the lock is the session's, so a collector that dies holding it lets it go."""
+        conn = self._writer_raw
+        with self._write_lock:
+            got = conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 7))", (what,)).fetchone()[0]
+        try:
+            yield got
+        finally:
+            if got:
+                with self._write_lock:
+                    conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 7))", (what,))
+
+    # ---- ingest --------------------------------------------------------------------------------
+    def _ensure_partition(self, run_id: str) -> None:
+        from psycopg import errors, sql
+        name = pg_schema.partition_name(run_id)
+        if name in self._partitions:
+            return
+        try:
+            self._writer_raw.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} PARTITION OF steps FOR VALUES IN ({})")
+                                     .format(sql.Identifier(name), sql.Literal(run_id)))
+        except (errors.DuplicateTable, errors.UniqueViolation):
+            pass  # another collector made it at the same moment
+        self._partitions.add(name)
+
+    def ingest(self, batch) -> bool:
+        from psycopg import errors
+        for attempt in (1, 2):
+            try:
+                return self._ingest(batch)
+            except errors.CheckViolation:
+                # "no partition of relation steps found": the run was deleted (its partition
+                # dropped) by another collector since this one made it; make it again.
+                self._partitions.discard(pg_schema.partition_name(batch.run_id))
+                if attempt == 2:
+                    raise
+        return False
+
+    def _ingest(self, batch) -> bool:
+        now = time.time()
+        first, end = batch.record_range()
+        with self._write_lock:
+            if len(batch.steps):
+                self._ensure_partition(batch.run_id)
+            w = _IngestConnection(self._writer_raw, self)
+            raw = self._writer_raw
+            try:
+                with raw.transaction():
+                    # One collector at a time per stream: a batch sent to two collectors is stored once.
+                    raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (batch.stream,))
+                    stored = raw.execute('SELECT first, "end" FROM seen WHERE stream = %s AND seq = %s',
+                                         (batch.stream, batch.seq)).fetchall()
+                    todo = uncovered(first, end, stored) if end > first else ([] if stored else [(first, end)])
+                    if not todo:
+                        return False
+                    raw.execute("INSERT INTO seen VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                                (batch.stream, batch.seq, first, end))
+                    if todo != [(first, end)]:
+                        batch = only_records(batch, first, todo)
+                    delivery = None if batch.delivery is None else orjson.dumps(
+                        {"seq": batch.seq, **batch.delivery.model_dump()}).decode()
+                    raw.execute(
+                        "INSERT INTO streams (stream, run_id, rank, last_seq, last_seen, finished, drops, delivery) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT(stream) DO UPDATE SET "
+                        "last_seq = GREATEST(streams.last_seq, excluded.last_seq), last_seen = excluded.last_seen, "
+                        "finished = GREATEST(streams.finished, excluded.finished), drops = CASE WHEN "
+                        "excluded.last_seq >= streams.last_seq THEN excluded.drops ELSE streams.drops END, "
+                        "delivery = CASE WHEN excluded.delivery IS NOT NULL AND (streams.delivery IS NULL OR "
+                        "(excluded.delivery::jsonb->>'seq')::bigint >= (streams.delivery::jsonb->>'seq')::bigint) "
+                        "THEN excluded.delivery ELSE streams.delivery END",
+                        (batch.stream, batch.run_id, batch.rank, batch.seq, now,
+                         1 if batch.status == "finished" else 0, orjson.dumps(batch.drops).decode(), delivery))
+                    if len(batch.steps):
+                        insert_steps(w, batch, self._stats, self._save_stats)
+                    for loader in batch.loaders:
+                        self._upsert_loader(w, batch, loader)
+                    if batch.phases:
+                        with raw.cursor().copy("COPY phases (run_id, rank, loader, epoch, step, name, ns) "
+                                               "FROM STDIN") as copy:
+                            for p in batch.phases:
+                                copy.write_row((batch.run_id, batch.rank, *p))
+                    events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
+                              for e in getattr(batch, kind)]
+                    if events:
+                        with raw.cursor().copy("COPY events (run_id, rank, kind, t_ns, data) FROM STDIN") as copy:
+                            for kind, e in events:
+                                copy.write_row((batch.run_id, batch.rank, kind, int(e.get("t_ns") or time.time_ns()),
+                                                orjson.dumps(e).decode()))
+                    # Last: the run's row lock is held from here to the commit only, so collectors
+                    # storing other ranks of this run overlap all of the above.
+                    raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 1))", (batch.run_id,))
+                    self._upsert_run(w, batch, now)
+                    raw.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"run:{batch.run_id}"))
+            except orjson.JSONEncodeError as exc:  # an integer past 64 bits in a free-form field
+                raise ValueError(f"batch cannot be stored: {exc}") from None
+            self.retention.after_write()
+        self.ingested_records += len(batch.steps)
+        self.versions[batch.run_id] += 1
+        self.version += 1
+        return True
+
+    def _stats(self, w, run_id: str, stream: str, loader: str) -> RecordStats:
+        # Read each time (and row-locked): another collector may have stored this stream's last batch.
+        row = w.execute("SELECT stats FROM loaders WHERE run_id = ? AND stream = ? AND name = ? FOR UPDATE",
+                        (run_id, stream, loader)).fetchone()
+        return RecordStats.from_dict(orjson.loads(row[0])) if row and row[0] else RecordStats()
+
+    def note_rejected_file(self, run_id: str, stream: str, file: str, reason: str, records: int | None) -> None:
+        super().note_rejected_file(run_id, stream, file, reason, records)
+        with self._write_lock:
+            self._writer_raw.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"run:{run_id}"))
+
+    def save_tuning(self, run_id: str, document: dict) -> bool:
+        saved = super().save_tuning(run_id, document)
+        if saved:
+            with self._write_lock:
+                self._writer_raw.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"run:{run_id}"))
+        return saved
+
+    # ---- reads -----------------------------------------------------------------------------------
+    def step_rows(self, run_id: str, batch: int = 5000):
+        """Every step row of a run in rowid order, `batch` at a time, from a server-side cursor
+        on a connection of its own (as the SQLite store's: a streamed export moves between threads)."""
+        span = self.step_range(run_id)
+        if span is None:
+            return
+        conn = pg_dialect.connect(self.url, application_name="starvewatch-export")
+        try:
+            with conn.transaction(), conn.cursor(name="steps_export") as cursor:
+                cursor.itersize = batch
+                cursor.execute(f"SELECT {', '.join(self.STEP_ROW_COLUMNS)} FROM steps "
+                               "WHERE rowid BETWEEN %s AND %s AND run_id = %s ORDER BY rowid", (*span, run_id))
+                while rows := cursor.fetchmany(batch):
+                    yield [tuple(r) for r in rows]
+        finally:
+            conn.close()
+
+    def read_only_connection(self):
+        """A connection of its own for a streamed read (folded_reads.export_rows)."""
+        return pg_dialect.Connection(pg_dialect.connect(self.url, application_name="starvewatch-export"))
+
+    # ---- deletion --------------------------------------------------------------------------------
+    def delete_run(self, run_id: str) -> bool:
+        """Every row of the run; its step rows by DROP of its partition (the space comes back at once)."""
+        from psycopg import sql
+        with self._write_lock:
+            raw = self._writer_raw
+            with raw.transaction():
+                raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 1))", (run_id,))
+                found = raw.execute("DELETE FROM runs WHERE id = %s", (run_id,)).rowcount > 0
+                raw.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(pg_schema.partition_name(run_id))))
+                for table in ("step_blocks", "rollups", "run_rollups", "phases", "events", "loaders", "streams",
+                              "tunings", "rejected_files", "rolled_spans", "step_exemplars", "rolled_samples"):
+                    raw.execute(f"DELETE FROM {table} WHERE run_id = %s", (run_id,))
+                # `seen` stays: a late replay of a deleted run's batch must not resurrect it.
+                raw.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"delete:{run_id}"))
+            self._partitions.discard(pg_schema.partition_name(run_id))
+            self.versions.pop(run_id, None)
+            self.version += 1
+            self.deletions += 1
+        return found
