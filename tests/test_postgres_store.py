@@ -207,3 +207,19 @@ def test_the_budget_truncates_then_drops_ended_runs_and_never_touches_a_live_one
         assert "deleted" in Query(store).storage_notes()[0]["action"]
     finally:
         store.close()
+
+
+def test_names_with_copy_s_special_characters_are_stored_as_sent(postgres_url):
+    """Step rows go in by COPY's text format: a backslash, or a loader name that looks like its
+    NULL marker, must come back exactly as sent."""
+    store = PgStore(postgres_url)
+    try:
+        body = sample_batch(0, 1, T0_S, 10, 1, run_id="run-n")
+        body["steps"]["loader"] = ["\\N"] * 5 + ["a\\b é"] * 5
+        body["loaders"][0]["name"] = "\\N"
+        assert store.ingest(EventBatch.model_validate(body))
+        rows = [r for rows in store.step_rows("run-n") for r in rows]
+        assert [r[1] for r in rows] == ["\\N"] * 5 + ["a\\b é"] * 5
+        assert [r[9] for r in rows] == [None] * 10  # gpu_idle_ns: a real NULL
+    finally:
+        store.close()

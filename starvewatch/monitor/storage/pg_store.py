@@ -36,6 +36,7 @@ from .store import Store
 log = logging.getLogger("starvewatch.store")
 
 CHANNEL = "starvewatch_changes"
+COPY_CHUNK_ROWS = 4096  # step rows per COPY buffer
 _STEP_COLUMNS = ("run_id", "rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
                  "batch_size", "gpu_idle_ns", "rowid")
 
@@ -58,12 +59,41 @@ class _IngestConnection(pg_dialect.Connection):
 
     def executemany(self, sql: str, rows):
         if sql.startswith("INSERT INTO steps VALUES"):
-            start = self.block_start
             with self.raw.cursor().copy(f"COPY steps ({', '.join(_STEP_COLUMNS)}) FROM STDIN") as copy:
-                for i, row in enumerate(rows):
-                    copy.write_row((*row, start + i))
+                for chunk in copy_text(rows, self.block_start):
+                    copy.write(chunk)
             return None
         return super().executemany(sql, rows)
+
+
+def _text(value) -> str:
+    """One field in COPY's text format: NULL as \\N; text escaped (tab, newline, backslash)."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, str):
+        return value.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+    return str(value)
+
+
+def copy_text(rows, first_rowid: int, chunk_rows: int = COPY_CHUNK_ROWS):
+    """The step rows (step_ingest's tuples) as COPY text, each with its rowid, in buffers of
+    chunk_rows rows: the server parses one while the next is formatted (write_row per row costs
+    more than the server's whole insert)."""
+    lines: list[str] = []
+    rowid = first_rowid
+    names: dict = {}  # run ids and loader names repeat on every row: escaped once each
+    null = "\\N"
+    for run_id, rank, loader, epoch, step, start_ns, wait_ns, compute_ns, other_ns, size, gpu in rows:
+        r = names.get(run_id) or names.setdefault(run_id, _text(run_id))
+        name = names.get(loader) or names.setdefault(loader, _text(loader))
+        lines.append(f"{r}\t{rank}\t{name}\t{epoch}\t{step}\t{start_ns}\t{wait_ns}\t{compute_ns}\t{other_ns}\t"
+                     f"{null if size is None else size}\t{null if gpu is None else gpu}\t{rowid}\n")
+        rowid += 1
+        if len(lines) == chunk_rows:
+            yield "".join(lines).encode()
+            lines = []
+    if lines:
+        yield "".join(lines).encode()
 
 
 class _Answer:
