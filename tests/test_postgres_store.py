@@ -223,3 +223,48 @@ def test_names_with_copy_s_special_characters_are_stored_as_sent(postgres_url):
         assert [r[9] for r in rows] == [None] * 10  # gpu_idle_ns: a real NULL
     finally:
         store.close()
+
+
+def test_the_budget_drops_a_live_runs_old_hours_but_never_its_straggler_window(postgres_url, monkeypatch):
+    monkeypatch.setattr(Query, "STRAGGLER_ROWS", 400)  # the rule reads what the budget keeps
+    store = PgStore(postgres_url)
+    try:
+        hour0 = T0_S + (3600 - T0_S % 3600)  # the first whole hour: one batch per hour and rank
+        work = []
+        for k in range(4):  # as ranks send: hour by hour, both ranks
+            for rank in range(2):
+                body = sample_batch(rank, k + 1, hour0 + 3600 * k, 3600, 10, run_id="live",
+                                    stream=f"live-host-{rank}")
+                if rank == 1:
+                    body["steps"]["wait_ns"] = [w * 3 for w in body["steps"]["wait_ns"]]
+                work.append(EventBatch.model_validate(body))
+        for b in work:
+            assert store.ingest(b)
+        total = 2 * 4 * 360
+        store.retention.raw_window_steps = 400  # 200 steps a rank: inside each rank's last hour
+        before = Query(store).stragglers("live")
+        loaders_before = Query(store).summary("live")["loaders"]
+        store.retention.max_bytes = 1_000_000  # nothing but folding everything would do
+        done = store.retention.enforce_now()
+        # Hours 0-2 dropped (three partitions of 720 rows), the last hour kept whole.
+        assert done["steps"] == 3 * 720 and done["deleted_runs"] == 0, done
+        assert _partition_rows(postgres_url, "live") == 720
+        from starvewatch.monitor.storage.pg_schema import hour_partition_name
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            kept = [conn.execute("SELECT to_regclass(%s)", (hour_partition_name("live", hour0 // 3600 + k),))
+                    .fetchone()[0] is not None for k in range(4)]
+        assert kept == [False, False, False, True]
+        q = Query(store)
+        # The straggler rule reads the window: the same answer as before the fold.
+        assert normalize(q.stragglers("live")) == normalize(before) and before["stragglers"][0]["rank"] == 1
+        # Totals and percentiles come from the loaders' statistics: unchanged by the fold.
+        assert normalize(q.summary("live")["loaders"]) == normalize(loaders_before)
+        # The CSV export: the dropped hours as buckets, then the raw rows; every step counted once.
+        rows = [r for rows in export_rows(store, "live") for r in rows]
+        buckets = sum(r[12] for r in rows if r[10] == "bucket")
+        raw_steps = sum(1 for r in rows if r[10] == "step")
+        assert raw_steps == 720 and buckets + raw_steps == total
+        assert {s["rank"]: s["until_s"] for s in q.steps_page("live", limit=1)["rolled_up"]} == {
+            0: hour0 + 3 * 3600 - 10 + 1, 1: hour0 + 3 * 3600 - 10 + 1}
+    finally:
+        store.close()

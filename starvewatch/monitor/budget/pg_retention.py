@@ -3,16 +3,20 @@ holds is the size of the store's relations (tables, indexes, TOAST; every run's 
 partition), and space comes back only by TRUNCATE or DROP, never by DELETE (a deleted row's
 space is reused by later rows after VACUUM, the relation does not shrink).
 
-So the policy is by whole runs, ended ones only, oldest first: a live run's rows and its
-straggler window are never touched.
-1. an ended run's raw step rows are folded: its exemplars kept (step_exemplars), `rolled_spans`
-   said per rank (its rollups hold every step), then its steps partition TRUNCATEd and its
-   phases deleted;
-2. if still over, the oldest ended run is deleted: its partition DROPped, its other rows
+So the policy moves whole partitions (pg_schema.py: a run's steps by hour of their start),
+oldest first, and never one holding a row of a run's straggler window:
+1. raw step rows outside each run's raw window (RAW_WINDOW_STEPS, what the straggler rule
+   reads; raw_step_fold.window_start finds it as on SQLite): an hour partition of a run that
+   ends before the window's earliest step is DROPped, after its exemplars are copied and
+   `rolled_spans` says per rank until when the rollups alone hold the steps; the phases
+   older than the straggler rule's window are deleted;
+2. an ended run's raw step rows, its window too: its steps partition TRUNCATEd (exemplars and
+   `rolled_spans` first), its phases deleted;
+3. if still over, the oldest ended run is deleted: its partitions DROPped, its other rows
    deleted (logged in retention_log, as on SQLite).
-The per-rank tiers of stage 2 and the live-sample folds of SQLite's budget (retention.py) are
-not done here: on PostgreSQL live runs keep their per-second rollups and raw rows; size the
-database for them (docs/fleets.md).
+The rollup tiers and the sample folds of SQLite's budget (retention.py) are not done here: on
+PostgreSQL every run keeps its per-second rollups and its samples; size the database for them
+(docs/fleets.md).
 
 Only one collector folds at a time (PgStore.once("budget"): a session advisory lock, released
 when its holder ends or dies), and the relation sizes are asked at most every CHECK_EVERY_S.
@@ -78,7 +82,7 @@ class PgRetention(Retention):
         target = int(self.max_bytes * LOW_WATER)
         done = {"steps": 0, "phases": 0, "rollups": 0, "samples": 0, "coarsened_runs": 0, "deleted_runs": 0}
         self.folds += 1
-        for stage in (self._fold_ended_raw, self._delete_ended_runs):
+        for stage in (self._fold_old_hours, self._fold_ended_raw, self._delete_ended_runs):
             while self.used_bytes() > target:
                 if not stage(done, self.used_bytes() - target):
                     break
@@ -98,6 +102,68 @@ class PgRetention(Retention):
             "SELECT r.id, r.name, r.last_seen, (SELECT count(*) FROM streams s WHERE s.run_id = r.id "
             "AND s.finished = 0) FROM runs r ORDER BY coalesce(r.started_at, r.first_seen)").fetchall()
         return [(r[0], r[1]) for r in rows if not ended_only or r[3] == 0 or now - r[2] > ENDED_AFTER_S]
+
+    def _hour_partitions(self, run_id: str) -> list[tuple[int, str]]:
+        """The run's hour partitions, (hour, name), oldest first (its DEFAULT one left out)."""
+        from ..storage import pg_schema
+        prefix = pg_schema.partition_name(run_id)
+        rows = self.store._writer_raw.execute(
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = to_regclass(%s)", (prefix,)).fetchall()
+        out = []
+        for (name,) in rows:
+            tail = name[len(prefix) + 1:]
+            if tail[:1] in ("h", "m") and tail[1:].isdigit():
+                out.append((int(tail[1:]) * (-1 if tail[0] == "m" else 1), name))
+        return sorted(out)
+
+    def _fold_old_hours(self, done: dict, excess_bytes: int) -> bool:
+        """Stage 1: the oldest hour partition, over all runs, that ends before its run's raw
+        window begins: DROPped, its exemplars and rolled spans kept."""
+        from ..storage import pg_schema
+        from . import raw_step_fold
+        from .retention import PHASE_WINDOW_FACTOR
+        raw, w = self.store._writer_raw, self.store._writer
+        width = pg_schema.STEP_PARTITION_NS
+        candidates = []
+        for run_id, name in self._runs_oldest_first():
+            hours = self._hour_partitions(run_id)
+            if not hours:
+                continue
+            start = raw_step_fold.window_start(w, run_id, self.raw_window_steps)
+            if start is None:
+                continue  # the whole run is inside its window
+            cut_ns = raw.execute("SELECT min(start_ns) FROM steps WHERE run_id = %s AND rowid >= %s",
+                                 (run_id, start)).fetchone()[0]
+            candidates += [(hour, run_id, name, part) for hour, part in hours
+                           if cut_ns is not None and (hour + 1) * width <= cut_ns]
+        if not candidates:
+            return False
+        hour, run_id, run_name, part = min(candidates)
+        from psycopg import sql
+        ident = sql.Identifier(part)
+        with raw.transaction():
+            lo, hi = raw.execute(sql.SQL("SELECT min(rowid), max(rowid) FROM {}").format(ident)).fetchone()
+            if lo is not None:
+                room = [self.exemplar_limit_rows() - raw.execute("SELECT count(*) FROM step_exemplars").fetchone()[0]]
+                raw_step_fold.keep_exemplars(w, run_id, lo, hi, raw_step_fold.exemplar_rules(w, run_id), room)
+            for rank, count, last_ns in raw.execute(sql.SQL(
+                    "SELECT rank, count(*), max(start_ns) FROM {} GROUP BY rank").format(ident)).fetchall():
+                raw.execute("INSERT INTO rolled_spans VALUES (%s, %s, %s, %s) ON CONFLICT (run_id, rank) DO "
+                            "UPDATE SET until_s = GREATEST(rolled_spans.until_s, excluded.until_s), "
+                            "steps = rolled_spans.steps + excluded.steps",
+                            (run_id, rank, last_ns // 1_000_000_000 + 1, count))
+                done["steps"] += count
+            raw.execute(sql.SQL("DROP TABLE {}").format(ident))
+            # Blocks wholly before the run's first remaining row point at nothing now.
+            first = raw.execute("SELECT min(rowid) FROM steps WHERE run_id = %s", (run_id,)).fetchone()[0]
+            if first is not None:
+                raw.execute("DELETE FROM step_blocks WHERE run_id = %s AND last_rowid < %s", (run_id, first))
+            done["phases"] += raw_step_fold.fold_phases(w, [run_id], PHASE_WINDOW_FACTOR * self.raw_window_steps)
+            raw.execute("SELECT pg_notify(%s, %s)", ("starvewatch_changes", f"run:{run_id}"))
+        self.store._forget_partitions(run_id)
+        self._changed(run_id)
+        return True
 
     def _fold_ended_raw(self, done: dict, excess_bytes: int) -> bool:
         """Stage 1: one ended run's raw steps into its rollups only (exemplars kept), by TRUNCATE."""

@@ -8,8 +8,11 @@ Differences, each for a reason:
   from a sequence (STEP_ROWID_BLOCK at a time), so one batch's rows stay contiguous (the
   readers' step_blocks) even while several collectors ingest at once.
 - `steps` is partitioned by run (LIST on run_id; one partition per run, made at its first
-  batch): the storage budget gives space back by TRUNCATE or DROP of one run's partition, which
-  can never touch another run's rows (pg_retention.py).
+  batch), and each run's partition by hour of its steps' start (RANGE on start_ns,
+  STEP_PARTITION_NS; a DEFAULT one takes the hours of a batch past MAX_HOURS_PER_BATCH, a
+  clock gone wild): the storage budget gives space back by DROP of an hour of one run that lies
+  wholly before the run's straggler window, or TRUNCATE / DROP of an ended run
+  (pg_retention.py), which can never touch another run's rows or a window.
 - run_rollups' rank bitmaps are BYTEA, with the same little-endian layout, merged by the same
   functions (rank_set_union, rank_set, rank_set_count, rank_set_of) written in PL/pgSQL.
 
@@ -23,6 +26,8 @@ import hashlib
 
 from .store_schema import SCHEMA_VERSION
 
+STEP_PARTITION_NS = 3600 * 10**9  # a run's step rows, partitioned by hour of start_ns
+MAX_HOURS_PER_BATCH = 4  # hour partitions one batch may create; the rest of it goes to the DEFAULT one
 STEP_ROWID_BLOCK = 1 << 20  # rowids one reservation covers: more than a batch's step records (limits.py)
 MIGRATE_LOCK = 0x5357_0001  # advisory lock key held while the schema is created or migrated
 
@@ -150,3 +155,13 @@ def migrate(conn) -> None:
 def partition_name(run_id: str) -> str:
     """The run's steps partition: a digest, so any run id (any characters, any length) names one."""
     return "steps_" + hashlib.sha256(run_id.encode()).hexdigest()[:24]
+
+
+def hour_partition_name(run_id: str, hour: int) -> str:
+    """The partition of the run's steps starting in `hour` (start_ns // STEP_PARTITION_NS);
+    `hour` may be negative (a clock before 1970): m for minus."""
+    return f"{partition_name(run_id)}_{'m' if hour < 0 else 'h'}{abs(hour)}"
+
+
+def default_partition_name(run_id: str) -> str:
+    return partition_name(run_id) + "_d"

@@ -217,17 +217,45 @@ class PgStore(Store):
                     conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 7))", (what,))
 
     # ---- ingest --------------------------------------------------------------------------------
-    def _ensure_partition(self, run_id: str) -> None:
+    def _ensure_partitions(self, run_id: str, start_ns) -> None:
+        """The run's steps partition and the hour partitions of this batch's steps (at most
+        MAX_HOURS_PER_BATCH; a batch's other hours land in the run's DEFAULT partition). DDL in
+        its own short transactions, before the batch's: it locks the parent table a moment."""
         from psycopg import errors, sql
-        name = pg_schema.partition_name(run_id)
-        if name in self._partitions:
-            return
-        try:
-            self._writer_raw.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} PARTITION OF steps FOR VALUES IN ({})")
-                                     .format(sql.Identifier(name), sql.Literal(run_id)))
-        except (errors.DuplicateTable, errors.UniqueViolation):
-            pass  # another collector made it at the same moment
-        self._partitions.add(name)
+        names = self._partitions
+        run_part = pg_schema.partition_name(run_id)
+        raw = self._writer_raw
+        if run_part not in names:
+            try:
+                raw.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} PARTITION OF steps FOR VALUES IN ({}) "
+                                    "PARTITION BY RANGE (start_ns)").format(sql.Identifier(run_part),
+                                                                            sql.Literal(run_id)))
+                raw.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} PARTITION OF {} DEFAULT").format(
+                    sql.Identifier(pg_schema.default_partition_name(run_id)), sql.Identifier(run_part)))
+            except (errors.DuplicateTable, errors.UniqueViolation):
+                pass  # another collector made it at the same moment
+            names.add(run_part)
+        width = pg_schema.STEP_PARTITION_NS
+        hours = sorted({int(t) // width for t in (min(start_ns), max(start_ns))})
+        if len(hours) == 2 and hours[1] - hours[0] > 1:  # more than two hours in one batch: each one
+            hours = sorted({int(t) // width for t in start_ns})[:pg_schema.MAX_HOURS_PER_BATCH]
+        for hour in hours:
+            name = pg_schema.hour_partition_name(run_id, hour)
+            if name in names:
+                continue
+            try:
+                raw.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})")
+                            .format(sql.Identifier(name), sql.Identifier(run_part), sql.Literal(hour * width),
+                                    sql.Literal((hour + 1) * width)))
+            except (errors.DuplicateTable, errors.UniqueViolation):
+                pass
+            except errors.CheckViolation:
+                pass  # the DEFAULT partition holds rows of this hour already: they stay there
+            names.add(name)
+
+    def _forget_partitions(self, run_id: str) -> None:
+        prefix = pg_schema.partition_name(run_id)
+        self._partitions = {n for n in self._partitions if not n.startswith(prefix)}
 
     def ingest(self, batch) -> bool:
         from psycopg import errors
@@ -237,7 +265,7 @@ class PgStore(Store):
             except errors.CheckViolation:
                 # "no partition of relation steps found": the run was deleted (its partition
                 # dropped) by another collector since this one made it; make it again.
-                self._partitions.discard(pg_schema.partition_name(batch.run_id))
+                self._forget_partitions(batch.run_id)
                 if attempt == 2:
                     raise
         return False
@@ -247,7 +275,7 @@ class PgStore(Store):
         first, end = batch.record_range()
         with self._write_lock:
             if len(batch.steps):
-                self._ensure_partition(batch.run_id)
+                self._ensure_partitions(batch.run_id, batch.steps.start_ns)
             w = _IngestConnection(self._writer_raw, self)
             raw = self._writer_raw
             try:
@@ -360,7 +388,7 @@ class PgStore(Store):
                     raw.execute(f"DELETE FROM {table} WHERE run_id = %s", (run_id,))
                 # `seen` stays: a late replay of a deleted run's batch must not resurrect it.
                 raw.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"delete:{run_id}"))
-            self._partitions.discard(pg_schema.partition_name(run_id))
+            self._forget_partitions(run_id)
             self.versions.pop(run_id, None)
             self.version += 1
             self.deletions += 1
