@@ -329,13 +329,14 @@ def cmd_import(args) -> int:
 
     from .monitor.web.collector_settings import CollectorSettings
     from .monitor.storage.spool_import import SpoolImporter
-    from .monitor.storage.store import Store
+    from .monitor.storage.open_store import open_store
     source = Path(args.source)
     if not source.is_dir():
         return fail(f"{source} is not a directory")
     root = source / "spool" if (source / "spool").is_dir() else source
-    settings = CollectorSettings(dir=_dir(args), db=args.db)
-    store = Store(settings.db_path)
+    settings = CollectorSettings(dir=_dir(args), db=args.db,
+                                 **({"database_url": args.database_url} if args.database_url else {}))
+    store = open_store(settings.store_target)
     importer = SpoolImporter(store, root, delete=args.delete)
     files = importer.files()
     if not files:
@@ -344,7 +345,7 @@ def cmd_import(args) -> int:
     with progress_bar(len(files), "importing") as advance:
         count = importer.scan(progress=lambda path: advance())
     store.close()
-    print(f"imported {count} new batches from {root} into {settings.db_path}"
+    print(f"imported {count} new batches from {root} into {settings.store_label.split(' ', 1)[1]}"
           + (f"; {importer.rejected_count} unreadable files set aside (in {importer.rejected_root}, "
              f"each with a .reason file)" if importer.rejected_count else ""))
     return EXIT_OK
@@ -496,6 +497,8 @@ def _add_import(sub) -> None:
     imp.add_argument("source", help="a STARVEWATCH_DIR or its spool/ directory")
     imp.add_argument("--dir", help="data directory holding the database")
     imp.add_argument("--db", help="SQLite file (default STARVEWATCH_DIR/starvewatch.db)")
+    imp.add_argument("--database-url", metavar="URL", help="import into this PostgreSQL database instead "
+                     "(default STARVEWATCH_DATABASE_URL)")
     imp.add_argument("--delete", action="store_true", help="delete the spool files once imported")
     imp.set_defaults(func=cmd_import)
 

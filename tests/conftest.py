@@ -7,7 +7,7 @@ from starvewatch.hooks.delivery.transport import MemoryTransport
 
 _DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
               "TORCHELASTIC_RUN_ID", "STARVEWATCH_RUN_ID", "STARVEWATCH_RUN_NAME",
-              "STARVEWATCH_TOKEN", "STARVEWATCH_DISABLED")
+              "STARVEWATCH_TOKEN", "STARVEWATCH_DISABLED", "STARVEWATCH_DATABASE_URL")
 
 
 @pytest.fixture(autouse=True)
