@@ -268,3 +268,24 @@ def test_the_budget_drops_a_live_runs_old_hours_but_never_its_straggler_window(p
             0: hour0 + 3 * 3600 - 10 + 1, 1: hour0 + 3 * 3600 - 10 + 1}
     finally:
         store.close()
+
+
+def test_the_import_command_takes_a_spool_into_postgresql(tmp_path, monkeypatch, postgres_url):
+    import subprocess
+    import sys
+
+    import starvewatch
+    other = tmp_path / "elsewhere"
+    monkeypatch.setenv("STARVEWATCH_DIR", str(other))
+    list(starvewatch.watch(range(25)))  # STARVEWATCH_URL=off: everything goes to the spool
+    run_id = starvewatch.finish()["run"]["id"]
+    out = subprocess.run([sys.executable, "-m", "starvewatch", "import", str(other), "--dir", str(tmp_path / "here"),
+                          "--database-url", postgres_url], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"into {postgres_url}" in out.stdout
+    store = open_store(postgres_url)
+    try:
+        assert Query(store).summary(run_id)["loaders"][0]["steps"] == 25
+    finally:
+        store.close()
+    assert not (tmp_path / "here" / "starvewatch.db").exists()  # nothing went to a SQLite file
