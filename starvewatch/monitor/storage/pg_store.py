@@ -36,6 +36,7 @@ from .store import Store
 log = logging.getLogger("starvewatch.store")
 
 CHANNEL = "starvewatch_changes"
+INGEST_ATTEMPTS = 3  # a batch ended by a deadlock or a dropped partition is stored again, this many tries in all
 COPY_CHUNK_ROWS = 4096  # step rows per COPY buffer
 _STEP_COLUMNS = ("run_id", "rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
                  "batch_size", "gpu_idle_ns", "rowid")
@@ -259,14 +260,19 @@ class PgStore(Store):
 
     def ingest(self, batch) -> bool:
         from psycopg import errors
-        for attempt in (1, 2):
+        for attempt in range(1, INGEST_ATTEMPTS + 1):
             try:
                 return self._ingest(batch)
             except errors.CheckViolation:
                 # "no partition of relation steps found": the run was deleted (its partition
                 # dropped) by another collector since this one made it; make it again.
                 self._forget_partitions(batch.run_id)
-                if attempt == 2:
+                if attempt == INGEST_ATTEMPTS:
+                    raise
+            except errors.DeadlockDetected:
+                # Two collectors storing ranks of one run lock its run-wide rollup rows in the
+                # order of each batch's loaders: PostgreSQL ends one transaction; store it again.
+                if attempt == INGEST_ATTEMPTS:
                     raise
         return False
 
