@@ -14,9 +14,12 @@ oldest first, and never one holding a row of a run's straggler window:
    `rolled_spans` first), its phases deleted;
 3. if still over, the oldest ended run is deleted: its partitions DROPped, its other rows
    deleted (logged in retention_log, as on SQLite).
-The rollup tiers and the sample folds of SQLite's budget (retention.py) are not done here: on
-PostgreSQL every run keeps its per-second rollups and its samples; size the database for them
-(docs/fleets.md).
+Between 1 and 2, as on SQLite (retention.py): the rollup tiers and the folds of host, GPU and
+worker samples (the same code, rollup_tiers.py and sample_rollups.py, through pg_dialect). They
+DELETE and INSERT rows: PostgreSQL reuses the freed space for later rows but the relations do
+not shrink, so the space a fold freed is counted as free (`_reusable`: rows deleted times the
+table's bytes per row) until the table grows again, which says its holes are full; each
+enforce() ends with a VACUUM of the tables it folded, which makes that space reusable.
 
 Only one collector folds at a time (PgStore.once("budget"): a session advisory lock, released
 when its holder ends or dies), and the relation sizes are asked at most every CHECK_EVERY_S.
@@ -46,15 +49,45 @@ class PgRetention(Retention):
         self._retry_at = 0.0
         self._checked_at = 0.0
         self._live_folded: set[str] = set()
+        # Space folds freed inside a table (bytes), and the table's size then: counted free
+        # until the table grows past that size (its holes filled by then).
+        self._reusable: dict[str, tuple[int, int]] = {}
+
+    def sizes(self) -> dict[str, int]:
+        """Bytes of each table of the store (its indexes and TOAST in; every steps partition
+        counted under `steps`)."""
+        rows = self.store._writer_raw.execute(
+            "SELECT CASE WHEN c.relname LIKE 'steps\\_%%' THEN 'steps' ELSE c.relname END, "
+            "sum(pg_total_relation_size(c.oid)) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema() "
+            "AND c.relkind IN ('r', 'm') AND (c.relname = ANY(%s) OR c.relname LIKE 'steps\\_%%') GROUP BY 1",
+            (list(TABLES),)).fetchall()
+        return {name: int(size) for name, size in rows}
 
     def used_bytes(self) -> int:
-        """Bytes of every relation of the store in its schema (partitions, indexes and TOAST in)."""
-        row = self.store._writer_raw.execute(
-            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema() "
-            "AND c.relkind IN ('r', 'm') AND (c.relname = ANY(%s) OR c.relname LIKE 'steps\\_%%')",
-            (list(TABLES),)).fetchone()
-        return int(row[0])
+        """Bytes of the store's relations, less what folds freed inside them and is not yet reused."""
+        sizes = self.sizes()
+        free = 0
+        for table, (freed, size_then) in list(self._reusable.items()):
+            if sizes.get(table, 0) > size_then:
+                del self._reusable[table]  # grown since: its freed space is full again
+            else:
+                free += freed
+        return sum(sizes.values()) - free
+
+    def _freed(self, table: str, rows: int) -> None:
+        """`rows` of `table` deleted by a fold: their bytes (the table's mean row) count as free."""
+        if rows <= 0:
+            return
+        raw = self.store._writer_raw
+        size = self.sizes().get(table, 0)
+        # reltuples: the planner's count (-1 before the first VACUUM or ANALYZE); counted once then.
+        live = raw.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", (table,)).fetchone()[0]
+        if live is None or live < 0:
+            live = raw.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        per_row = size / max(1.0, float(live) + rows)
+        freed, _ = self._reusable.get(table, (0, size))
+        self._reusable[table] = (min(size, freed + int(rows * per_row)), size)
 
     def _reclaim(self) -> int:
         return self.used_bytes()
@@ -82,18 +115,33 @@ class PgRetention(Retention):
         target = int(self.max_bytes * LOW_WATER)
         done = {"steps": 0, "phases": 0, "rollups": 0, "samples": 0, "coarsened_runs": 0, "deleted_runs": 0}
         self.folds += 1
-        for stage in (self._fold_old_hours, self._fold_ended_raw, self._delete_ended_runs):
-            while self.used_bytes() > target:
-                if not stage(done, self.used_bytes() - target):
+        try:
+            for stage in (self._fold_old_hours, self._coarsen_tiers, self._fold_ended_raw, self._fold_live_samples,
+                          self._delete_ended_runs):
+                while self.used_bytes() > target:
+                    rollups, samples = done["rollups"], done["samples"]
+                    progressed = stage(done, self.used_bytes() - target)
+                    self._freed("rollups", done["rollups"] - rollups)
+                    self._freed("events", done["samples"] - samples)
+                    if not progressed:
+                        break
+                if self.used_bytes() <= target:
                     break
-            if self.used_bytes() <= target:
-                break
-        else:
-            if self.used_bytes() > self.max_bytes:
-                self._retry_at = time.monotonic() + RETRY_AFTER_S
-                log.error("database over its budget of %d bytes with only live runs left (%d bytes): raise "
-                          "--max-db-size", self.max_bytes, self.used_bytes())
+            else:
+                self._over_budget()
+        finally:
+            if done["rollups"] or done["samples"]:
+                # The folds' dead rows made reusable (not given back: PostgreSQL keeps the pages).
+                for table in ("rollups", "run_rollups", "events"):
+                    self.store._writer_raw.execute(f"VACUUM {table}")
         return done
+
+    def _over_budget(self) -> None:
+        """Nothing left to fold but live runs' windows: said once a while, tried again later."""
+        if self.used_bytes() > self.max_bytes:
+            self._retry_at = time.monotonic() + RETRY_AFTER_S
+            log.error("database over its budget of %d bytes with only live runs left (%d bytes): raise "
+                      "--max-db-size", self.max_bytes, self.used_bytes())
 
     def _runs_oldest_first(self, ended_only: bool = False) -> list[tuple[str, str]]:
         w = self.store._writer_raw

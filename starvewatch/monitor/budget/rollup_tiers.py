@@ -24,7 +24,7 @@ def coarsen_rollups(w, run_id: str, width_s: int, before_s: int | None = None) -
         w.execute("INSERT INTO temp.coarse SELECT run_id, rank, loader, second / ? * ?, sum(steps), sum(wait_ns), "
                   "sum(compute_ns), sum(other_ns), sum(samples), sum(gpu_idle_ns), sum(gpu_steps), "
                   "max(wait_max_ns), min(epoch_min), max(epoch_max), ?, " + rollup_bands.AGGREGATES + " FROM rollups "
-                  "WHERE run_id = ? AND span_s < ? AND second < ? GROUP BY rank, loader, second / ?",
+                  "WHERE run_id = ? AND span_s < ? AND second < ? GROUP BY run_id, rank, loader, second / ?",
                   (width_s, width_s, width_s, run_id, width_s, cut, width_s))
         merged = w.execute("DELETE FROM rollups WHERE run_id = ? AND span_s < ? AND second < ?",
                            (run_id, width_s, cut)).rowcount

@@ -101,7 +101,7 @@ def coarsen(w, run_id: str, width_s: int, cut_s: int) -> None:
     w.execute(f"INSERT INTO temp.coarse_run ({COLUMNS}) SELECT run_id, loader, second / ? * ?, ?, sum(steps), "
               "sum(wait_ns), sum(compute_ns), sum(other_ns), sum(samples), sum(gpu_idle_ns), sum(gpu_steps), "
               "max(wait_max_ns), min(epoch_min), max(epoch_max), rank_set(ranks) FROM run_rollups "
-              "WHERE run_id = ? AND span_s < ? AND second < ? GROUP BY loader, second / ?",
+              "WHERE run_id = ? AND span_s < ? AND second < ? GROUP BY run_id, loader, second / ?",
               (width_s, width_s, width_s, run_id, width_s, cut_s, width_s))
     w.execute("DELETE FROM run_rollups WHERE run_id = ? AND span_s < ? AND second < ?", (run_id, width_s, cut_s))
     w.execute(f"INSERT INTO run_rollups ({COLUMNS}) SELECT {COLUMNS} FROM temp.coarse_run WHERE true " + MERGE)
