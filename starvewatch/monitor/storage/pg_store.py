@@ -36,6 +36,7 @@ from .store import Store
 log = logging.getLogger("starvewatch.store")
 
 CHANNEL = "starvewatch_changes"
+LISTED_ROWS_S = 0.5  # how long the streams and loaders read with the runs list answer this thread
 INGEST_ATTEMPTS = 3  # a batch ended by a deadlock or a dropped partition is stored again, this many tries in all
 COPY_CHUNK_ROWS = 4096  # step rows per COPY buffer
 _STEP_COLUMNS = ("run_id", "rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
@@ -358,6 +359,35 @@ class PgStore(Store):
         return saved
 
     # ---- reads -----------------------------------------------------------------------------------
+    def run_rows(self):
+        """Every run, and (for this thread, LISTED_ROWS_S) every run's streams and loaders read
+        with it in two queries: the runs list reads both per run, which is thousands of round
+        trips to PostgreSQL where SQLite reads its page cache."""
+        db = self.reader()
+        runs = db.execute("SELECT * FROM runs ORDER BY coalesce(started_at, first_seen) DESC").fetchall()
+        streams: dict[str, list] = defaultdict(list)
+        for row in db.execute("SELECT * FROM streams ORDER BY rank, stream").fetchall():
+            streams[row["run_id"]].append(row)
+        loaders: dict[str, list] = defaultdict(list)
+        for row in db.execute("SELECT * FROM loaders ORDER BY rowid").fetchall():
+            loaders[row["run_id"]].append(row)
+        self._local.listed = (time.monotonic(), streams, loaders)
+        return runs
+
+    def _listed(self, index: int, run_id: str):
+        listed = getattr(self._local, "listed", None)
+        if listed is None or time.monotonic() - listed[0] > LISTED_ROWS_S:
+            return None
+        return listed[index].get(run_id, [])
+
+    def stream_rows(self, run_id: str):
+        rows = self._listed(1, run_id)
+        return rows if rows is not None else super().stream_rows(run_id)
+
+    def loader_rows(self, run_id: str):
+        rows = self._listed(2, run_id)
+        return rows if rows is not None else super().loader_rows(run_id)
+
     def step_rows(self, run_id: str, batch: int = 5000):
         """Every step row of a run in rowid order, `batch` at a time, from a server-side cursor
         on a connection of its own (as the SQLite store's: a streamed export moves between threads)."""
