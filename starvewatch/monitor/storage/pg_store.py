@@ -62,8 +62,11 @@ class _IngestConnection(pg_dialect.Connection):
     def executemany(self, sql: str, rows):
         if sql.startswith("INSERT INTO steps VALUES"):
             with self.raw.cursor().copy(f"COPY steps ({', '.join(_STEP_COLUMNS)}) FROM STDIN") as copy:
+                rows = list(_step_rows(rows))
                 for chunk in copy_text(rows, self.block_start):
                     copy.write(chunk)
+            # A second executemany of the same batch (a multi-row INSERT's remainder) goes on after these.
+            self.block_start += len(rows)
             return None
         return super().executemany(sql, rows)
 
@@ -96,6 +99,18 @@ def copy_text(rows, first_rowid: int, chunk_rows: int = COPY_CHUNK_ROWS):
             lines = []
     if lines:
         yield "".join(lines).encode()
+
+
+def _step_rows(params):
+    """The step rows of an `INSERT INTO steps VALUES (...), (...)` executemany, one tuple each,
+    whether each parameter set is one row or several rows' values laid flat (a multi-row INSERT)."""
+    width = len(_STEP_COLUMNS) - 1  # the SQLite columns: rowid is added here
+    for values in params:
+        if len(values) == width:
+            yield values
+        else:
+            for k in range(0, len(values), width):
+                yield values[k:k + width]
 
 
 class _Answer:
