@@ -52,6 +52,30 @@ class _IngestConnection(pg_dialect.Connection):
         super().__init__(conn)
         self.store = store
         self.block_start = 0
+        self._pipeline = None
+
+    # Pipeline mode: statements whose results nobody reads go out together with the next one
+    # whose result is read (a fetch syncs), one round trip where there were several; COPY runs
+    # outside it (libpq allows no COPY in pipeline mode).
+    def pipeline_on(self) -> None:
+        if self._pipeline is None:
+            self._pipeline = self.raw.pipeline()
+            self._pipeline.__enter__()
+
+    def pipeline_off(self, exc: BaseException | None = None) -> None:
+        if self._pipeline is not None:
+            pipeline, self._pipeline = self._pipeline, None
+            if exc is None:
+                pipeline.__exit__(None, None, None)
+            else:
+                pipeline.__exit__(type(exc), exc, exc.__traceback__)
+
+    @contextmanager
+    def copy(self, statement: str):
+        self.pipeline_off()
+        with self.raw.cursor().copy(statement) as copy:
+            yield copy
+        self.pipeline_on()
 
     def execute(self, sql: str, params=()):
         if sql == "SELECT max(rowid) FROM steps":
@@ -61,7 +85,7 @@ class _IngestConnection(pg_dialect.Connection):
 
     def executemany(self, sql: str, rows):
         if sql.startswith("INSERT INTO steps VALUES"):
-            with self.raw.cursor().copy(f"COPY steps ({', '.join(_STEP_COLUMNS)}) FROM STDIN") as copy:
+            with self.copy(f"COPY steps ({', '.join(_STEP_COLUMNS)}) FROM STDIN") as copy:
                 rows = list(_step_rows(rows))
                 for chunk in copy_text(rows, self.block_start):
                     copy.write(chunk)
@@ -302,57 +326,70 @@ class PgStore(Store):
             raw = self._writer_raw
             try:
                 with raw.transaction():
-                    # One collector at a time per stream: a batch sent to two collectors is stored once.
-                    raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (batch.stream,))
-                    stored = raw.execute('SELECT first, "end" FROM seen WHERE stream = %s AND seq = %s',
-                                         (batch.stream, batch.seq)).fetchall()
-                    todo = uncovered(first, end, stored) if end > first else ([] if stored else [(first, end)])
-                    if not todo:
-                        return False
-                    raw.execute("INSERT INTO seen VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                                (batch.stream, batch.seq, first, end))
-                    if todo != [(first, end)]:
-                        batch = only_records(batch, first, todo)
-                    delivery = None if batch.delivery is None else orjson.dumps(
-                        {"seq": batch.seq, **batch.delivery.model_dump()}).decode()
-                    raw.execute(
-                        "INSERT INTO streams (stream, run_id, rank, last_seq, last_seen, finished, drops, delivery) "
-                        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT(stream) DO UPDATE SET "
-                        "last_seq = GREATEST(streams.last_seq, excluded.last_seq), last_seen = excluded.last_seen, "
-                        "finished = GREATEST(streams.finished, excluded.finished), drops = CASE WHEN "
-                        "excluded.last_seq >= streams.last_seq THEN excluded.drops ELSE streams.drops END, "
-                        "delivery = CASE WHEN excluded.delivery IS NOT NULL AND (streams.delivery IS NULL OR "
-                        "(excluded.delivery::jsonb->>'seq')::bigint >= (streams.delivery::jsonb->>'seq')::bigint) "
-                        "THEN excluded.delivery ELSE streams.delivery END",
-                        (batch.stream, batch.run_id, batch.rank, batch.seq, now,
-                         1 if batch.status == "finished" else 0, orjson.dumps(batch.drops).decode(), delivery))
-                    if len(batch.steps):
-                        insert_steps(w, batch, self._stats, self._save_stats)
-                    for loader in batch.loaders:
-                        self._upsert_loader(w, batch, loader)
-                    if batch.phases:
-                        with raw.cursor().copy("COPY phases (run_id, rank, loader, epoch, step, name, ns) "
-                                               "FROM STDIN") as copy:
-                            for p in batch.phases:
-                                copy.write_row((batch.run_id, batch.rank, *p))
-                    events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
-                              for e in getattr(batch, kind)]
-                    if events:
-                        with raw.cursor().copy("COPY events (run_id, rank, kind, t_ns, data) FROM STDIN") as copy:
-                            for kind, e in events:
-                                copy.write_row((batch.run_id, batch.rank, kind, int(e.get("t_ns") or time.time_ns()),
-                                                orjson.dumps(e).decode()))
-                    # Last: the run's row lock is held from here to the commit only, so collectors
-                    # storing other ranks of this run overlap all of the above.
-                    raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 1))", (batch.run_id,))
-                    self._upsert_run(w, batch, now)
-                    raw.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"run:{batch.run_id}"))
+                    w.pipeline_on()
+                    try:
+                        if not self._ingest_statements(w, batch, first, end, now):
+                            return False
+                    except BaseException as exc:
+                        w.pipeline_off(exc)
+                        raise
+                    w.pipeline_off()
             except orjson.JSONEncodeError as exc:  # an integer past 64 bits in a free-form field
                 raise ValueError(f"batch cannot be stored: {exc}") from None
             self.retention.after_write()
         self.ingested_records += len(batch.steps)
         self.versions[batch.run_id] += 1
         self.version += 1
+        return True
+
+    def _ingest_statements(self, w: _IngestConnection, batch, first: int, end: int, now: float) -> bool:
+        """The batch's statements, inside its transaction; False for a replay (nothing new)."""
+        raw = self._writer_raw
+        # One collector at a time per stream: a batch sent to two collectors is stored once.
+        raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (batch.stream,))
+        stored = raw.execute('SELECT first, "end" FROM seen WHERE stream = %s AND seq = %s',
+                             (batch.stream, batch.seq)).fetchall()
+        todo = uncovered(first, end, stored) if end > first else ([] if stored else [(first, end)])
+        if not todo:
+            w.pipeline_off()
+            return False
+        raw.execute("INSERT INTO seen VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    (batch.stream, batch.seq, first, end))
+        if todo != [(first, end)]:
+            batch = only_records(batch, first, todo)
+        delivery = None if batch.delivery is None else orjson.dumps(
+            {"seq": batch.seq, **batch.delivery.model_dump()}).decode()
+        raw.execute(
+            "INSERT INTO streams (stream, run_id, rank, last_seq, last_seen, finished, drops, delivery) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT(stream) DO UPDATE SET "
+            "last_seq = GREATEST(streams.last_seq, excluded.last_seq), last_seen = excluded.last_seen, "
+            "finished = GREATEST(streams.finished, excluded.finished), drops = CASE WHEN "
+            "excluded.last_seq >= streams.last_seq THEN excluded.drops ELSE streams.drops END, "
+            "delivery = CASE WHEN excluded.delivery IS NOT NULL AND (streams.delivery IS NULL OR "
+            "(excluded.delivery::jsonb->>'seq')::bigint >= (streams.delivery::jsonb->>'seq')::bigint) "
+            "THEN excluded.delivery ELSE streams.delivery END",
+            (batch.stream, batch.run_id, batch.rank, batch.seq, now,
+             1 if batch.status == "finished" else 0, orjson.dumps(batch.drops).decode(), delivery))
+        if len(batch.steps):
+            insert_steps(w, batch, self._stats, self._save_stats)
+        for loader in batch.loaders:
+            self._upsert_loader(w, batch, loader)
+        if batch.phases:
+            with w.copy("COPY phases (run_id, rank, loader, epoch, step, name, ns) FROM STDIN") as copy:
+                for p in batch.phases:
+                    copy.write_row((batch.run_id, batch.rank, *p))
+        events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
+                  for e in getattr(batch, kind)]
+        if events:
+            with w.copy("COPY events (run_id, rank, kind, t_ns, data) FROM STDIN") as copy:
+                for kind, e in events:
+                    copy.write_row((batch.run_id, batch.rank, kind, int(e.get("t_ns") or time.time_ns()),
+                                    orjson.dumps(e).decode()))
+        # Last: the run's row lock is held from here to the commit only, so collectors
+        # storing other ranks of this run overlap all of the above.
+        raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 1))", (batch.run_id,))
+        self._upsert_run(w, batch, now)
+        raw.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"run:{batch.run_id}"))
         return True
 
     def _stats(self, w, run_id: str, stream: str, loader: str) -> RecordStats:
