@@ -38,6 +38,8 @@ from benchmarks.ingest import free_port, running_collector  # noqa: E402
 STORE_INGEST = r"""
 import json, sys, tempfile, time
 from pathlib import Path
+import starvewatch
+print(starvewatch.__file__, file=sys.stderr)  # which tree ran
 target, batches, batch, ranks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 from starvewatch.monitor.web.wire_models import EventBatch
 try:
@@ -100,8 +102,9 @@ def env_for(tree: Path) -> dict:
 
 
 def store_ingest(tree: Path, target: str, batches: int, batch: int) -> dict:
+    # Run from the tree: `python -c` puts the working directory first on sys.path, before PYTHONPATH.
     out = subprocess.run([sys.executable, "-c", STORE_INGEST, target, str(batches), str(batch), "8"],
-                         env=env_for(tree), capture_output=True, text=True, check=True)
+                         env=env_for(tree), cwd=str(tree), capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["records_per_s"] = result["records"] / result["seconds"]
     return result
