@@ -240,6 +240,10 @@ def cmd_serve(args) -> int:
                                  keep_alive_timeout_s=args.keep_alive_timeout,
                                  max_header_bytes=args.max_header_bytes, max_connections=args.max_connections,
                                  ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+    if settings.database_url:
+        problem = _database_problem(settings.database_url)
+        if problem is not None:
+            return fail(*problem)
     try:  # an optional exporter asked for but not installed: say so before starting
         if args.otlp_endpoint:
             import starvewatch.monitor.outputs.otel  # noqa: F401
@@ -306,6 +310,24 @@ def _address_in_use(settings, dir_option: str | None) -> str:
                 f"directory): open that address, or choose another port with --port")
     return (f"port {settings.port} is in use by another program: choose another port with "
             f"--port {settings.port + 1} (and set STARVEWATCH_URL to match in training)")
+
+
+def _database_problem(url: str):
+    """Why `serve` cannot use this database URL, as fail()'s arguments; None when it can: a
+    clear line before starting, not a traceback from the server's start-up."""
+    from .monitor.storage.open_store import is_database_url
+    if not is_database_url(url):
+        return (f"--database-url {url.split('://', 1)[0]}://...: only PostgreSQL is supported "
+                f"(postgresql://user@host:port/database)", EXIT_USAGE)
+    try:
+        import psycopg
+    except ImportError:
+        return ("--database-url needs the PostgreSQL driver: pip install 'starvewatch[postgres]'",)
+    try:
+        psycopg.connect(url, connect_timeout=10).close()
+    except psycopg.Error as exc:
+        return (f"cannot connect to the database: {str(exc).strip().splitlines()[0]}",)
+    return None
 
 
 def dashboard_ui(settings):

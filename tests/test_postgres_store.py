@@ -326,3 +326,19 @@ def test_rollup_tiers_and_sample_folds_answer_alike_on_both_stores(tmp_path, pos
     finally:
         sqlite_store.close()
         pg_store.close()
+
+
+@pytest.mark.parametrize("url, code, said", [
+    ("mysql://u@127.0.0.1/x", 2, "only PostgreSQL is supported"),
+    ("postgresql://postgres@127.0.0.1:{closed}/x", 1, "cannot connect to the database"),
+])
+def test_serve_refuses_a_database_it_cannot_use_with_one_line(url, code, said):
+    import subprocess
+    import sys
+
+    from tests.conftest import free_port
+    url = url.format(closed=free_port())  # a port nothing listens on
+    out = subprocess.run([sys.executable, "-m", "starvewatch", "serve", "--port", str(free_port()),
+                          "--database-url", url], capture_output=True, text=True, timeout=120)
+    assert out.returncode == code, out.stderr
+    assert said in out.stderr and "Traceback" not in out.stderr
