@@ -24,7 +24,7 @@ class Sleepy(Dataset):
 
 
 def _compare_summaries(local: dict, remote: dict) -> None:
-    assert remote["schema"] == local["schema"] == "starvewatch.summary/1"
+    assert remote["schema"] == local["schema"] == "starvewatch.summary/2"
     assert set(remote) >= set(local)
     assert remote["run"] == local["run"]
     assert len(remote["loaders"]) == len(local["loaders"])

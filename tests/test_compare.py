@@ -171,3 +171,26 @@ def test_run_report_reads_evidence_and_configuration_as_the_dashboard_does(two_r
     assert "<td>batch_size</td><td><code>32</code></td><td></td>" in body
     md = to_markdown(query.summary("after"))
     assert f"### {md_text(HOSTILE)}" in md  # the loader's own table, its name as Markdown text
+
+
+def test_only_settings_whose_effect_changed_are_changes():
+    """num_workers 0 -> 2 as torch records it (issue 34 item 6): prefetch_factor None -> 2 and the
+    multiprocessing context None -> 'fork' are torch's implied defaults, not changes the user
+    made; compare and verify-after-change list num_workers alone."""
+    from starvewatch.analysis.compare import config_rows
+    from starvewatch.analysis.verification import verify
+    before_config = {"num_workers": 0, "batch_size": 16, "prefetch_factor": None, "multiprocessing_context": None,
+                     "persistent_workers": False, "timeout": 0}
+    after_config = {**before_config, "num_workers": 2, "prefetch_factor": 2, "multiprocessing_context": "fork"}
+    part = {"name": "train", "steps": 100, "input_wait_fraction": 0.3,
+            "step_time": {"mean_ms": 10.0, "sd_ms": 1.0, "steps": 100, "samples_per_step": 16}}
+    before = {"run": {"id": "a"}, "loaders": [{**part, "config": before_config}],
+              "recommendations": [{"loader": "train", "parameter": "num_workers", "current": 0, "suggested": 2,
+                                   "kind": "speedup", "expected_speedup": 1.5}]}
+    after = {"run": {"id": "b"}, "loaders": [{**part, "config": after_config}]}
+    pairs = [{"before": "train", "after": "train", "by": "name"}]
+    assert [r["setting"] for r in config_rows(before, after, pairs) if r["changed"]] == ["num_workers"]
+    assert verify(before, after)["changed"] == {"train": {"num_workers": [0, 2]}}
+    # A prefetch_factor the user set is a change.
+    after["loaders"][0]["config"] = {**after_config, "prefetch_factor": 4}
+    assert [r["setting"] for r in config_rows(before, after, pairs) if r["changed"]] == ["num_workers", "prefetch_factor"]

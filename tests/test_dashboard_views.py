@@ -164,10 +164,11 @@ def test_answer_first_verdict_change_line_and_evidence():
     summary = _summary([SPEEDUP, PROTECTIVE])
     card = answer_card.answer(summary)
     text = _text(card)
-    assert text.startswith("Input-bound: training waits for data 67% of the time (data loading is CPU-bound)")
+    assert text.startswith("Input-bound: the loop waited for data 67.4% of its wall time; up to 3.07x faster if the "
+                           "loop never waited for data (the limit: loading is CPU work (decoding, transforms)).")
     assert "num_workers: 0 → 3" in text and "expected 2.35x faster" in text
     # The line to copy carries every change for the loader; the risk is explained in its own place.
-    assert "DataLoader(dataset, num_workers=3, batch_size=16, pin_memory=True)" in text
+    assert "DataLoader(dataset, batch_size=16, num_workers=3, pin_memory=True)" in text
     assert "pinned copies fail" not in text
     protective = _text(answer_card.protective_card(summary))
     assert "pinned copies fail" in protective and "3.0 GiB" in protective
@@ -183,8 +184,8 @@ def test_each_loader_with_changes_gets_its_own_line_to_copy():
     summary = _summary([SPEEDUP, {**SPEEDUP, "loader": "val", "suggested": 2, "expected_speedup": 1.5}])
     summary["loaders"].append({"name": "val", "config": {"num_workers": 0, "batch_size": 64}})
     text = _text(answer_card.answer(summary))
-    assert "DataLoader(dataset, num_workers=3, batch_size=16)" in text
-    assert "val loader: DataLoader(dataset, num_workers=2, batch_size=64)" in " ".join(text.split())
+    assert "DataLoader(dataset, batch_size=16, num_workers=3)" in text
+    assert "val loader: DataLoader(dataset, batch_size=64, num_workers=2)" in " ".join(text.split())
 
 
 def test_recommendations_without_kind_are_speedups():

@@ -252,14 +252,14 @@ def test_unnamed_rewatch_in_a_rerun_cell_keeps_its_names_by_cell_id(kernel, serv
         print(json.dumps(dict(run_info(), loaders=[[l.name, l.config["batch_size"]] for l in s.loader_list])))
     """
     first = kernel.value(cell.format(sizes=(8, 4), size="b"), cell_id="cell-a")
-    assert first["loaders"] == [["train", 8], ["loader2", 4]]
+    assert first["loaders"] == [["train", 8], ["TensorDataset", 4]]  # its dataset's class
     other = kernel.value('val = [sw.watch([1, 2]) for _ in range(1)][0]; list(val); '
                          'print(json.dumps(sw_session.current_session().loader_list[-1].name))', cell_id="cell-b")
-    assert other == "loader3"  # another cell: another name
+    assert other == "loader"  # another cell: another name (a list: nothing to name it by)
     # The cell edited (the watch line too) and re-run.
     second = kernel.value(cell.format(sizes=(8, 2), size="b * 2"), cell_id="cell-a")
     assert second["id"] != first["id"] and second["name"] == "cellid"
-    assert second["loaders"] == [["train", 16], ["loader2", 4]]  # not loader4, loader5
+    assert second["loaders"] == [["train", 16], ["TensorDataset", 4]]  # not TensorDataset-2, -3
     kernel.value("sw.finish(); print(1)")
 
 
@@ -272,7 +272,7 @@ def test_unnamed_rewatch_on_a_line_that_assigns_nothing(kernel):
     """
     kernel.value("sw.finish(); print(1)")
     assert kernel.value(cell) == ["train"]
-    assert kernel.value(cell) == ["train"]  # run again: the same loader, not loader2
+    assert kernel.value(cell) == ["train"]  # run again: the same loader, not a second one
     kernel.value("sw.finish(); print(1)")
 
 
@@ -298,7 +298,8 @@ def test_inline_live_page_and_html_summary(kernel, served):
     shown = [o for o in done.outputs if o.output_type in ("execute_result", "display_data") and o.get("data")]
     assert len(shown) == 1, done.outputs
     report = shown[0]["data"]["text/html"]
-    assert "inline" in report and run["id"] in report and "input wait" in report
+    # The headline in the one vocabulary: a loop this short is not enough data yet.
+    assert "inline" in report and run["id"] in report and "Not enough data yet" in report
     assert kernel.value("s = sw.finish(); print(json.dumps([isinstance(s, dict), json.loads(json.dumps(s))"
                         "['run']['id']]))") == [True, run["id"]]
     assert TOKEN not in all_output_text(first) + all_output_text(done)

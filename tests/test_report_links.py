@@ -8,10 +8,10 @@ from starvewatch.hooks.session import current_session
 from tests.conftest import free_port, wait_until
 
 
-def _run(name: str) -> dict:
+def _run(name: str, steps: int = 50) -> dict:
     starvewatch.init(name)
-    for _ in starvewatch.watch(range(50)):
-        pass
+    for _ in starvewatch.watch(range(steps)):
+        time.sleep(0.004)  # 0.2 s of loop: enough for a verdict (schema.MIN_SECONDS_FOR_VERDICT)
     session = current_session()
     wait_until(lambda: session.dashboard_url, timeout_s=30, what="the run to find the collector")
     return starvewatch.finish()
@@ -30,6 +30,11 @@ def test_report_links_the_comparison_with_the_previous_run_of_the_same_name(coll
     assert f"compare with the previous run of linked: {c.url}/compare?a={first}&b={second}" in report
     status, _ = c.request("GET", f"/compare?a={first}&b={second}")
     assert status == 200
+    # A run too short for a verdict is no baseline: the next run compares with the one before.
+    _run("linked", steps=5)
+    capsys.readouterr()
+    fourth = _run("linked")["run"]["id"]
+    assert f"compare with the previous run of linked: {c.url}/compare?a={second}&b={fourth}" in capsys.readouterr().err
 
 
 def test_no_link_when_the_collector_does_not_answer():

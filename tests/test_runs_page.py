@@ -142,7 +142,9 @@ def test_listing_figures_equal_the_summary(tmp_path):
         s = query.summary(run_id)
         assert r["verdict"] == s["verdict"]["input_bound"], run_id
         assert r["input_wait_fraction"] == pytest.approx(s["verdict"]["input_wait_fraction"]), run_id
-        assert r["batches_per_s"] == pytest.approx(sum(l["batches_per_s"] or 0 for l in s["loaders"]) or None)
+        # The training loader's throughput, never another loader's added to it.
+        assert r["batches_per_s"] == pytest.approx(s["verdict"]["batches_per_s"]), run_id
+        assert r["training_loader"] == s["verdict"]["training_loader"], run_id
         assert r["steps"] == sum(l["steps"] for l in s["loaders"])
     assert listed["ranked"]["ranks"] == 2 and listed["two-loaders"]["steps"] == 55
     assert {r["verdict"] for r in listed.values()} >= {"high", "not", "insufficient_data"}

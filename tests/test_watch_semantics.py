@@ -94,8 +94,8 @@ def test_default_names_and_summary_per_loader(memory_run):
     assert (list(a), list(b), list(c)) == ([1, 2, 3], list(range(5)), [7, 8])
     summary = starvewatch.finish()
     assert [(l["name"], l["steps"]) for l in summary["loaders"]] == [
-        ("train", 3), ("loader2", 5), ("loader3", 2)]
-    assert summary["schema"] == "starvewatch.summary/1"
+        ("train", 3), ("b", 5), ("c", 2)]  # the variables they are assigned to
+    assert summary["schema"] == "starvewatch.summary/2"
 
 
 def test_break_exception_and_stopiteration_behave_as_without(memory_run):

@@ -160,16 +160,33 @@ def _finding_ok(scenario, summary) -> bool | None:
     return any(f["loader"] == loader and f["kind"] == kind for f in summary["findings"])
 
 
+def copied_loader(spec, config: dict, recs: list[dict], name: str):
+    """The DataLoader the user gets by copying the line starvewatch shows (export.snippet): the
+    whole call evaluated as written, or, where it lists only the arguments to change, the
+    scenario's own call with those arguments. None when the loader has no line to copy."""
+    from torch.utils.data import DataLoader
+
+    from starvewatch.monitor.outputs.export import is_call, snippet
+    code = snippet(config, recs, name)
+    if code is None:
+        return None
+    dataset = spec.dataset()
+    if is_call(code):
+        return eval(code, {"DataLoader": DataLoader, "dataset": dataset})  # noqa: S307 - our own line
+    changes = eval(f"dict({code})", {})  # noqa: S307 - our own line: keyword arguments only
+    return _loader(spec, {**spec.kwargs, **changes}, dataset)
+
+
 def _constructs(scenario, summary) -> bool:
-    """Every recommended configuration builds a DataLoader (with the scenario's batching)."""
-    from starvewatch.analysis.diagnosis import applied_config
+    """Every line to copy builds a DataLoader that yields a batch (with the scenario's batching)."""
     for part in summary["loaders"]:
         spec = scenario.loaders[part["name"]]
         if part["config"] is None:
             continue
         try:
-            kwargs = applied_config(part["config"], summary["recommendations"], part["name"])
-            _loader(spec, {**{k: v for k, v in spec.kwargs.items() if k not in kwargs}, **kwargs})
+            loader = copied_loader(spec, part["config"], summary["recommendations"], part["name"])
+            if loader is not None:
+                next(iter(loader))
         except Exception as exc:  # noqa: BLE001 - reported as a failed check
             print(f"  {part['name']}: {exc!r}", file=sys.stderr)
             return False

@@ -4,14 +4,7 @@ answer card and the HTML report's verdict box, so both say the same."""
 from __future__ import annotations
 
 
-FACTORS = {
-    "input_bound_cpu": "data loading is CPU-bound",
-    "input_bound_io": "data loading waits on reads or latency, not CPU",
-    "epoch_startup": "workers restart at every epoch",
-    "host_bound": "the host's CPU is saturated",
-    "compute_bound": "compute, not data",
-    "gpu_transforms": "GPU-side transforms",
-}
+from .sentences import LIMITING_PHRASES as FACTORS  # noqa: F401  (one set of phrases)
 
 
 def kind(rec: dict) -> str:
@@ -34,18 +27,10 @@ def change_text(rec: dict) -> str:
 
 
 def verdict_sentence(summary: dict) -> str:
-    v = summary["verdict"]
-    band, wait = v["input_bound"], v.get("input_wait_fraction")
-    if band == "insufficient_data" or wait is None:
-        return "Not enough steps yet to tell whether training waits for data."
-    share = f"{100 * wait:.0f}%"
-    factor = v.get("limiting_factor")
-    reason = FACTORS.get(factor, (factor or "").replace("_", " "))
-    if band == "not":
-        return f"Not input-bound: training waits for data {share} of the time" + (
-            f"; the limit is {reason}." if reason and factor != "compute_bound" else ".")
-    stake = v.get("speedup_at_stake")
-    gain = f"; it would run up to {stake:.2f}x faster if it never waited" if stake else ""
-    why = f" ({reason})" if reason else ""
-    return f"{'Input-bound' if band == 'high' else 'Partly input-bound'}: training waits for data {share} of " \
-           f"the time{why}{gain}."
+    """The run's headline as analysis/sentences.py words it for every surface, with the limit."""
+    from .sentences import headline, limiting_phrase
+    text = (summary.get("answer") or {}).get("headline") or headline(summary)
+    factor = summary["verdict"].get("limiting_factor")
+    if factor and summary["verdict"]["input_bound"] != "insufficient_data":
+        text += f" (the limit: {limiting_phrase(factor)})"
+    return text + "."

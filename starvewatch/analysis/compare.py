@@ -12,6 +12,8 @@ import copy
 from datetime import datetime
 
 from ..schema import COMPARE_SCHEMA
+from .loader_settings import setting_changed
+from .regression import regression
 from .verification import verify
 
 # (label, where in a loader summary, kind): kind "fraction" changes in percentage points.
@@ -93,15 +95,16 @@ def metric_rows(before: dict, after: dict, pairs: list[dict]) -> list[dict]:
 
 
 def config_rows(before: dict, after: dict, pairs: list[dict]) -> list[dict]:
-    """Every setting of each pair of loaders, with the changed ones marked."""
+    """Every setting of each pair of loaders, marked changed where its effect changed (not
+    where torch only filled in its default: effective_config)."""
     rows = []
     for pair in pairs:
         a = _loader(before, pair["before"]).get("config") or {}
         b = _loader(after, pair["after"]).get("config") or {}
         for key in list(a) + [k for k in b if k not in a]:
             rows.append({"loader": pair_label(pair), "setting": key, "before": a.get(key), "after": b.get(key),
-                         "before_set": key in a, "after_set": key in b, "changed": a.get(key) != b.get(key)
-                         or (key in a) != (key in b)})
+                         "before_set": key in a, "after_set": key in b,
+                         "changed": setting_changed(a, b, key)})
     return rows
 
 
@@ -127,9 +130,12 @@ def comparison(before: dict, after: dict) -> dict:
     pairs = loader_pairs(before, after)
     paired_before = {p["before"] for p in pairs}
     paired_after = {p["after"] for p in pairs}
+    slower = regression(before, after)
     return {
         "schema": COMPARE_SCHEMA,
         "before": _run(before), "after": _run(after),
+        # First on the page: is the later run slower, beyond noise, and the likely cause.
+        "regression": slower,
         "pairs": pairs,
         "unpaired": {"before": [l["name"] for l in before["loaders"] if l["name"] not in paired_before],
                      "after": [l["name"] for l in after["loaders"] if l["name"] not in paired_after]},

@@ -12,6 +12,8 @@ from dataclasses import asdict
 
 from .throughput_model import DEFAULT, LoaderFacts, Thresholds, speedup, speedup_range
 from .rules import RULES
+from .sentences import build as build_answer
+from .regression import regression
 from .verification import joint_changes_note, verify
 
 __all__ = ["DEFAULT", "Thresholds", "diagnose", "applied_config", "verify", "joint_changes_note",
@@ -208,11 +210,15 @@ def diagnose(summary: dict, loaders, *, system=None, previous=None, run=None,
             for r in recs:
                 if r["loader"] == f.name and r["parameter"] == "num_workers":
                     r["reason"] += "; validation loaders can use their own settings, apart from the training loader's"
-    if starved:
-        worst = max(starved, key=lambda f: f.part["input_wait_fraction"] or 0)
+    # The training loader decides the limiting factor (answer.py names the others beside it);
+    # where it is not starved but the run's wait is another loader's, that loader's.
+    run_band = summary["verdict"]["input_bound"]
+    train = next((f for f in facts if f.name == summary["verdict"].get("training_loader")), None)
+    if run_band in ("moderate", "high") and starved:
+        worst = train if train in starved else max(starved, key=lambda f: f.part["input_wait_fraction"] or 0)
         summary["verdict"]["limiting_factor"] = _limiting_factor(worst, t) if worst.workers is not None \
             else "input_bound_io"
-    elif facts and summary["verdict"]["input_bound"] != "insufficient_data":
+    elif facts and run_band != "insufficient_data":
         summary["verdict"]["limiting_factor"] = "host_bound" if host_bound else "compute_bound"
     # Speed-ups first, by gain; protective advice after them, shown apart.
     recs.sort(key=lambda r: (r["kind"] != "speedup", -(r["expected_speedup"] or 0)))
@@ -225,6 +231,8 @@ def diagnose(summary: dict, loaders, *, system=None, previous=None, run=None,
     summary["plans"] = _plans(recs, {f.name: f for f in facts})
     _predict_resharding(summary, {f.name: f for f in facts})
     summary["verification"] = verify(previous, summary) if previous else None
+    summary["regression"] = regression(previous, summary) if previous else None
+    build_answer(summary, {f.name: f for f in facts})
 
 
 def thresholds_dict(t: Thresholds = DEFAULT) -> dict:

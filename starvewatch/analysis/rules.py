@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .throughput_model import LoaderFacts, Thresholds
+from .sentences import plural
 
 
 def proposal(f: LoaderFacts, parameter, suggested, reason: str, evidence: dict, *, kind="speedup",
@@ -31,7 +32,7 @@ def not_a_dataloader(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     needed = f.workers_needed(t)
     return [proposal(f, None, f"DataLoader(num_workers={needed})",
                      f"batches are produced on the training thread ({f.load:.1f} ms each against "
-                     f"{f.compute:.1f} ms of compute); wrap the data in a DataLoader with {needed} workers",
+                     f"{f.compute:.1f} ms of compute); wrap the data in a DataLoader with {plural(needed, 'worker')}",
                      f.evidence(workers_needed=needed), what_if={"num_workers": needed})]
 
 
@@ -49,7 +50,7 @@ def more_workers(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
         return []
     kind = "CPU work (decoding, transforms)" if f.cpu_busy else "waiting (reads, latency)"
     reason = (f"loading a batch takes {f.load:.1f} ms of {kind} against {f.compute:.1f} ms of compute; "
-              f"{capped} workers keep up (ceil(load / compute x {t.worker_headroom}) = {needed}"
+              f"{plural(capped, 'worker')} keep up (ceil(load / compute x {t.worker_headroom}) = {needed}"
               + (f", capped at {capped} by {f.cores} usable cores"
                  + (" on a saturated CPU" if f.host_cpu_saturated and not f.cpu_busy else "")
                  if capped < needed else "") + ")")
@@ -83,7 +84,7 @@ def lighter_transforms(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     # saturated host the rest is waiting for a core, caused by the CPU work as well.
     cpu_share = 1.0 if f.cores_saturated or f.worker_cpu_fraction is None else f.worker_cpu_fraction
     return [proposal(f, None, "gpu_transforms",
-                     f"the transforms are the limit ({f.active_workers} CPU-bound workers on {f.cores} cores, "
+                     f"the transforms are the limit ({plural(f.active_workers, 'CPU-bound worker')} on {plural(f.cores, 'core')}, "
                      f"{f.load:.1f} ms a batch): make them lighter, precompute them, or run them on the GPU "
                      f"(torchvision.transforms.v2 on CUDA tensors, NVIDIA DALI)",
                      f.evidence(cpu_pct=f.system.get("cpu_pct_mean")),
@@ -100,7 +101,7 @@ def cpu_oversubscribed(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
         ([f"the workers' loading alone uses {f.worker_cpu_fraction * f.active_workers:.1f} cores"]
          if f.loading_saturates_cores else [])
     return [proposal(f, "num_workers", f.cores,
-                     f"{f.active_workers} CPU-bound workers share {f.cores} cores on a saturated CPU ({', '.join(why)})",
+                     f"{plural(f.active_workers, 'CPU-bound worker')} share {plural(f.cores, 'core')} on a saturated CPU ({', '.join(why)})",
                      f.evidence(cpu_pct=f.system.get("cpu_pct_mean")), kind="protective",
                      risk="workers beyond the cores thrash the CPU caches and each holds its own copy of the dataset")]
 
@@ -186,18 +187,18 @@ def memory_budget(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     if fits is None:
         return []
     if fits >= f.workers:  # an upper bound for the speed-up rules, shown only if it binds
-        return [proposal(f, "num_workers", fits, f"memory allows at most {fits} workers", evidence,
+        return [proposal(f, "num_workers", fits, f"memory allows at most {plural(fits, 'worker')}", evidence,
                          kind="protective", risk=risk)]
     shallower = [d for d in range(2, prefetch) if (fit(d) or 0) >= f.workers]
     if shallower:
         depth = max(shallower)
         return [proposal(f, "prefetch_factor", depth,
-                         f"{f.workers} workers x {prefetch} prefetched batches of {batch_bytes / 2**20:.1f} MiB "
+                         f"{plural(f.workers, 'worker')} x {prefetch} prefetched batches of {batch_bytes / 2**20:.1f} MiB "
                          f"exceed the /dev/shm budget ({shm_budget / 2**20:.0f} MiB: free less "
                          f"{t.memory_reserve_fraction:.0%}); {depth} deep fits and keeps the workers",
                          evidence, kind="protective", risk=risk)]
     return [proposal(f, "num_workers", max(1, fits),
-                     f"{f.workers} workers do not fit the memory budget (free RAM and /dev/shm less "
+                     f"{plural(f.workers, 'worker')} do not fit the memory budget (free RAM and /dev/shm less "
                      f"{t.memory_reserve_fraction:.0%}); {max(1, fits)} do", evidence, kind="protective", risk=risk)]
 
 

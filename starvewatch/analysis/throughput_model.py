@@ -98,7 +98,12 @@ class LoaderFacts:
         steps = max(1, totals.steps)
         self.compute = totals.compute_ns / steps / 1e6
         self.wait = (totals.wait_ns + totals.epoch_end_wait_ns) / steps / 1e6
-        self.step = self.wait + self.compute
+        # The rest of the loop's wall step: time outside step() blocks (logging, checkpoints, a
+        # framework's own work between its hooks). No DataLoader setting shortens it; the
+        # workers load during it as during compute. (Other loaders' waits are theirs.)
+        self.other = totals.other_ns / steps / 1e6
+        self.body = self.compute + self.other  # what the loop does per batch besides waiting
+        self.step = self.wait + self.body      # the wall step: every prediction is relative to it
         self.epochs = max(1, totals.epochs)
         self.first_wait = rec.first_wait.total / rec.first_wait.count / 1e6 if rec and rec.first_wait.count else None
         steady = rec.steady_wait() if rec else None
@@ -147,7 +152,7 @@ class LoaderFacts:
         iowait = self.system.get("iowait_pct_mean")
         self.storage_bound = iowait is not None and iowait >= t.iowait_high_pct
         # The workers deliver a batch at least as fast as the loop consumes one.
-        self.workers_keep_up = bool(self.workers) and self.load / self.active_workers <= self.compute * 1.05
+        self.workers_keep_up = bool(self.workers) and self.load / self.active_workers <= self.body * 1.05
         # Workers that never catch up fetch all the time: together they use fraction x workers
         # cores. When that is every usable core, loading is CPU work that saturates them however
         # thinly each worker's share is spread (6 spinning workers on 2 cores: 0.35 each).
@@ -181,7 +186,7 @@ class LoaderFacts:
             # while the loop still waits for that one worker: the hand-over is at most what the
             # wait leaves beside the wait for the serving workers (load / serving - compute).
             if self.idle_workers:
-                low = min(low, max(0.0, self.steady_wait - (self.load / self.active_workers - self.compute)))
+                low = min(low, max(0.0, self.steady_wait - (self.load / self.active_workers - self.body)))
             self.transfer = self.median_wait if self.workers_keep_up else max(t.worker_transfer_ms, low)
         else:
             self.transfer = t.worker_transfer_ms
@@ -213,7 +218,7 @@ class LoaderFacts:
             if self.bursty and self.workers_keep_up else 0.0
         prefetch = self.config.get("prefetch_factor") or 2
         self.prefetch_needed = min(t.max_prefetch_factor, max(
-            prefetch * 2, math.ceil(prefetch * (self.p99_wait or 0) / max(self.compute, 1e-3)))) \
+            prefetch * 2, math.ceil(prefetch * (self.p99_wait or 0) / max(self.body, 1e-3)))) \
             if self.bursty else prefetch
         gpu = self.system.get("gpu_util_mean")
         self.gpu_busy_fraction = gpu / 100 if gpu is not None else None
@@ -236,9 +241,9 @@ class LoaderFacts:
         return None
 
     def workers_needed(self, t: Thresholds) -> int:
-        if self.compute <= 0:
+        if self.body <= 0:
             return max(1, self.cores - 1)
-        return max(1, math.ceil(self.load / self.compute * t.worker_headroom))
+        return max(1, math.ceil(self.load / self.body * t.worker_headroom))
 
     def evidence(self, **extra) -> dict:
         out = {"input_wait_fraction": self.part["input_wait_fraction"], "wait_ms": round(self.wait, 3),
@@ -343,7 +348,8 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     load = f.load * what_if.get("load_scale", 1.0) * scale
     # On a GPU only the busy part of a step grows with the batch; launches and Python do not.
     busy = f.gpu_busy_fraction if f.gpu_busy_fraction is not None else 1.0
-    compute = f.compute * (busy * scale + (1 - busy))
+    # The time outside step() blocks is per step, whatever the batch (logging, checkpoints).
+    compute = f.compute * (busy * scale + (1 - busy)) + f.other
     workers = config.get("num_workers") or 0
     # Workers idle for lack of shards (or of data) stay idle under any num_workers: only the
     # ones that served load.
@@ -386,8 +392,22 @@ def speedup(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     after = max(1e-9, step_ms(f, config, what_if))
     if f.workers and f.cpu_busy and f.main_cpu_ms is not None:
         present = {k: v for k, v in (what_if or {}).items() if k in ("others_cores", "unmeasured_scale")}
-        return step_ms(f, f.config, present) / after
-    return f.step / after
+        gain = step_ms(f, f.config, present) / after
+    else:
+        gain = f.step / after
+    return min(gain, ceiling(f, config, what_if))
+
+
+def ceiling(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
+    """The most any change of loading can give, per sample: the wall step with no wait at all,
+    wall / (wall - wait) (with a batch-size change, per sample of the larger batch)."""
+    scale = (what_if or {}).get("batch_scale", 1.0)
+    before, after = f.config.get("batch_size"), config.get("batch_size")
+    if isinstance(before, int) and isinstance(after, int) and before > 0:
+        scale *= after / before
+    busy = f.gpu_busy_fraction if f.gpu_busy_fraction is not None else 1.0
+    body_after = f.compute * (busy * scale + (1 - busy)) + f.other
+    return f.step * scale / max(1e-9, body_after)
 
 
 def speedup_range(f: LoaderFacts, config: dict, what_if: dict | None = None,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from .loader_settings import setting_changed
+
 Z_95 = 1.96
 RUN_TO_RUN_NOISE = 0.04   # relative: two runs of one configuration differ by this much (1 sd)
 KEEPS_THROUGHPUT = 0.9    # protective advice is confirmed when it keeps 90% of the throughput
@@ -70,9 +72,10 @@ def verify(previous: dict, current: dict) -> dict | None:
         old = prev_loaders.get(loader["name"])
         if old is None:
             continue
+        # Only settings whose effect changed: torch's implied defaults are no change.
         for key in sorted(set(old.get("config") or {}) | set(loader.get("config") or {})):
             a, b = (old.get("config") or {}).get(key), (loader.get("config") or {}).get(key)
-            if a != b:
+            if setting_changed(old.get("config"), loader.get("config"), key):
                 changed.setdefault(loader["name"], {})[key] = [a, b]
     if not changed:
         return None

@@ -40,13 +40,22 @@ def copyable(code: str, code_id: str) -> html.Div:
 
 def answer(summary: dict) -> html.Div:
     """Verdict, the top change with its speed-up, the line to copy, and why."""
+    said = summary.get("answer") or {}
     parts = [html.P(verdict_sentence(summary), className="sw-verdict", id="verdict-sentence")]
+    if summary.get("regression"):  # a slower run is never shown as a success alone
+        parts.append(html.P(summary["regression"]["sentence"], className="sw-regression", id="regression"))
+    if said.get("other_loaders"):
+        parts.append(html.Ul([html.Li(line) for line in said["other_loaders"]], id="other-loaders"))
     recs = speedups(summary)
     if not recs:
-        if summary["verdict"]["input_bound"] in ("not", "insufficient_data"):
+        band = summary["verdict"]["input_bound"]
+        if band == "insufficient_data":
+            note = "No change to recommend yet: " + (said.get("needs_more") or "not enough data to judge") + "."
+        elif band == "not":
             note = "No change to recommend: the loop is not waiting for data."
         else:
-            note = "No change to recommend: no DataLoader setting is expected to remove the wait that is left."
+            note = summary.get("no_recommendation_reason") or \
+                "No change to recommend: no DataLoader setting is expected to remove the wait that is left."
             if protective(summary) or summary.get("findings") or summary.get("stalls"):
                 note += " See the protective advice and findings below."
         parts.append(html.P(note, id="no-recommendation"))

@@ -7,6 +7,7 @@ from ..ids import url_segment
 from ..monitor.outputs import figures
 from ..analysis.diagnosis import joint_changes_note
 from ..analysis import compare
+from ..analysis.sentences import BAND_WORDS as VERDICTS  # one vocabulary: the badge's, the filter's
 from ..quantities import human_bytes
 from ..analysis.findings.stall_text import stall_where
 
@@ -20,7 +21,8 @@ def num(x, digits=1, unit="") -> str:
 
 
 def badge(text: str) -> html.Span:
-    return html.Span(text.replace("_", " "), className=f"badge badge-{text}")
+    """A band in the one vocabulary (analysis/answer.py), any other state as its words."""
+    return html.Span(VERDICTS.get(text, text.replace("_", " ")), className=f"badge badge-{text}")
 
 
 def kpi(label: str, value, kpi_id: str | None = None) -> html.Div:
@@ -29,14 +31,16 @@ def kpi(label: str, value, kpi_id: str | None = None) -> html.Div:
 
 
 def kpis(summary: dict) -> list:
+    from ..analysis.sentences import limiting_phrase
     v = summary["verdict"]
     loaders = summary["loaders"]
-    main = loaders[0] if loaders else {}
+    # The training loader's throughput (analysis/summary.run_verdict), not the first watched.
+    main = next((l for l in loaders if l["name"] == v.get("training_loader")), loaders[0] if loaders else {})
     system = summary.get("system") or {}
     return [
         kpi("Input wait", pct(v["input_wait_fraction"]), "kpi-input-wait"),
         kpi("Verdict", badge(v["input_bound"]), "kpi-verdict"),
-        kpi("Limiting factor", (v.get("limiting_factor") or "n/a").replace("_", " "), "kpi-factor"),
+        kpi("Limiting factor", limiting_phrase(v.get("limiting_factor")) or "n/a", "kpi-factor"),
         kpi("Batches/s", num(main.get("batches_per_s")), "kpi-batches"),
         kpi("Samples/s", num(main.get("samples_per_s")), "kpi-samples"),
         kpi("GPU util", num(system.get("gpu_util_mean"), 0, "%") if system.get("gpu_util_mean") is not None
@@ -53,8 +57,6 @@ def table(header: list[str], rows: list[list], table_id: str | None = None) -> h
                       className="sw-table", **extra)
 
 
-VERDICTS = {"high": "input-bound", "moderate": "partly input-bound", "not": "not input-bound",
-            "insufficient_data": "insufficient data"}
 PAGE_SIZE = 50  # runs per page: the page stays light with thousands of runs in the store
 PER_GROUP = 3  # a group shows its newest runs; its own page (/groups/NAME) shows them all
 
@@ -121,7 +123,10 @@ def runs_view(runs: list[dict], search: str | None = None, sort: str = "started"
             current = g
         rows.append(html.Tr([html.Td(dcc.Link(r["id"], href=f"/runs/{url_segment(r['id'])}"), className="sw-run-id"),
                              html.Td(badge(r["status"])), html.Td((r["started_at"] or "")[:19].replace("T", " ")),
-                             html.Td(f"{r['duration_s']:.0f} s"), html.Td(badge(r["verdict"])),
+                             html.Td(f"{r['duration_s']:.0f} s"),
+                             html.Td([badge(r["verdict"])] + ([html.Span(" " + r["regression"]["sentence"],
+                                                                         className="sw-regression")]
+                                                              if r.get("regression") else [])),
                              html.Td(pct(r["input_wait_fraction"])), html.Td(num(r["batches_per_s"]))],
                             className="sw-run"))
     view = f"{status or 'any'}|{verdict or 'any'}|{sort}|{page}|{len(flat)}"
@@ -255,9 +260,13 @@ def compare_view(comp: dict, charts: dict | None = None) -> html.Div:
     def graph(fig, graph_id):
         return html.Div(dcc.Graph(figure=fig, id=graph_id, config={"displaylogo": False}), className="sw-card")
 
-    # The one-sentence answer ("after is 1.41x faster; predicted 1.69x; confirmed") opens the
-    # page when the comparison carries one (its wording belongs to the analysis).
-    parts = [html.P(comp["headline"], className="sw-headline", id="compare-headline")] if comp.get("headline") else []
+    # First: is the later run slower, beyond noise (analysis/regression.py); then the
+    # one-sentence answer ("after is 1.41x faster; predicted 1.69x; confirmed") when the
+    # comparison carries one (its wording belongs to the analysis).
+    parts = [html.P(comp["regression"]["sentence"], className="sw-regression", id="compare-regression")] \
+        if comp.get("regression") else []
+    if comp.get("headline"):
+        parts.append(html.P(comp["headline"], className="sw-headline", id="compare-headline"))
     parts += [html.P(f"loader {p['before']} compared with {p['after']} (each run's only loader)", className="note")
               for p in comp["pairs"] if p["by"] == "only loader"]
     for side in ("before", "after"):

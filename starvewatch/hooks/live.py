@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..schema import BAND_ORDER, band, worst_band
+from ..schema import BAND_ORDER, band
 from ..stats import LoaderTotals
 
 
@@ -19,11 +19,12 @@ def _wait_ns(t: LoaderTotals) -> int:
 
 
 def _figures(t: LoaderTotals) -> dict:
-    loop_ns = _wait_ns(t) + t.compute_ns
-    elapsed_s = (loop_ns + t.other_ns) / 1e9
-    fraction = _wait_ns(t) / loop_ns if loop_ns > 0 else None
-    return {"steps": t.steps, "input_wait_fraction": fraction, "verdict": band(fraction, t.steps),
-            "batches_per_s": t.steps / elapsed_s if elapsed_s > 0 else None}
+    # Over the loop's wall step, time outside step() included (analysis/summary.py).
+    loop_ns = _wait_ns(t) + t.compute_ns + t.other_ns
+    elapsed_s = (loop_ns + t.other_loaders_wait_ns) / 1e9
+    fraction = _wait_ns(t) / loop_ns if loop_ns > 0 and t.steps else None
+    return {"steps": t.steps, "input_wait_fraction": fraction, "verdict": band(fraction, t.steps, elapsed_s),
+            "batches_per_s": t.steps / elapsed_s if elapsed_s > 0 else None, "wall_s": elapsed_s}
 
 
 def live_figures(session=None) -> dict | None:
@@ -41,17 +42,20 @@ def live_figures(session=None) -> dict | None:
         totals = book.merged(state.index, state.totals)
         loaders[state.name] = _figures(totals)
         wait_ns += _wait_ns(totals)
-        loop_ns += _wait_ns(totals) + totals.compute_ns
+        loop_ns += _wait_ns(totals) + totals.compute_ns + totals.other_ns - totals.shared_compute_ns
         steps += totals.steps
-    return {"input_wait_fraction": wait_ns / loop_ns if loop_ns > 0 else None,
-            "verdict": worst_band([loader["verdict"] for loader in loaders.values()]),
+    fraction = wait_ns / loop_ns if loop_ns > 0 and steps else None
+    # The run's band is its fraction's, judged by the loop that drives it (most wall time).
+    train = max(loaders.values(), key=lambda f: f["wall_s"], default=None)
+    return {"input_wait_fraction": fraction,
+            "verdict": band(fraction, train["steps"], loop_ns / 1e9) if train else "insufficient_data",
             "steps": steps, "loaders": loaders}
 
 
 def summary_figures(summary: dict) -> dict:
     """The same figures, final, from a run's summary (`finish()`'s)."""
-    loaders = {loader["name"]: {key: loader[key] for key in ("steps", "input_wait_fraction", "verdict",
-                                                             "batches_per_s")}
+    loaders = {loader["name"]: {key: loader.get(key) for key in ("steps", "input_wait_fraction", "verdict",
+                                                                 "batches_per_s", "wall_s")}
                for loader in summary["loaders"]}
     return {"input_wait_fraction": summary["verdict"]["input_wait_fraction"],
             "verdict": summary["verdict"]["input_bound"],

@@ -636,7 +636,7 @@ def _target(loader):
 class _StepTimer:
     """`with step():` marks the compute of the current step; outermost block counts."""
 
-    __slots__ = ("_loader", "_it", "_t0")
+    __slots__ = ("_loader", "_it", "_t0", "_x0")
 
     def __init__(self, loader=None) -> None:
         self._loader = loader
@@ -648,6 +648,7 @@ class _StepTimer:
             it._in_step = True
             it.mark()
             self._it = it
+            self._x0 = it._excluded  # epochs nested in the block are theirs, not this step's
             self._t0 = _now()
         else:
             self._it = None
@@ -659,7 +660,11 @@ class _StepTimer:
             self._it = None
             t = _now()
             if it._open and it._in_step:
-                it._step_ns += t - self._t0
+                # A loop of another loader run inside the block (validation inside a training
+                # step) is that loader's time: taken out of the block as out of the loop.
+                nested = it._excluded - self._x0
+                block = t - self._t0 - (nested if nested > 0 else 0)
+                it._step_ns += block if block > 0 else 0
                 it._step_used = True
             it._in_step = False
         return False

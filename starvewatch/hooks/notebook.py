@@ -324,11 +324,13 @@ def summary_html(summary: dict) -> str:
 
     from ..analysis.snippet import snippet
     from ..quantities import speedup_text
+    from ..analysis.sentences import band_words, headline
     e = html.escape
     run, verdict = summary.get("run", {}), summary.get("verdict", {})
+    said = summary.get("answer") or {}
     rows = "".join(
         f"<tr><td>{e(str(l.get('name')))}</td><td>{l.get('steps')}</td>"
-        f"<td>{_pct(l.get('input_wait_fraction'))}</td><td>{e(str(l.get('verdict')))}</td>"
+        f"<td>{_pct(l.get('input_wait_fraction'))}</td><td>{e(band_words(l.get('verdict')))}</td>"
         f"<td>{(l.get('batches_per_s') or 0):.1f}</td></tr>" for l in summary.get("loaders", []))
     recs = summary.get("recommendations") or []
     items = []
@@ -343,12 +345,10 @@ def summary_html(summary: dict) -> str:
              if (code := snippet(config.get(name), recs, name))]
     copy = "".join(f"<div>the line to copy{'' if len(lines) == 1 else ''}:</div>"
                    f"<pre class='starvewatch-snippet'>{e(code)}</pre>" for code in lines)
-    stake = verdict.get("speedup_at_stake")
-    at_stake = (f"; up to <b>{stake:.2f}x</b> faster if it never waited for data"
-                if stake and verdict.get("input_bound") in ("moderate", "high") else "")
     return (f'<div class="starvewatch-summary"><b>starvewatch</b>: run {e(str(run.get("name")))} '
-            f'(<code>{e(str(run.get("id")))}</code>, {e(str(run.get("status")))}): input-bound '
-            f'<b>{e(str(verdict.get("input_bound")))}</b>, input wait '
-            f'<b>{_pct(verdict.get("input_wait_fraction"))}</b>{at_stake}'
-            '<table><tr><th>loader</th><th>steps</th><th>wait</th><th>verdict</th><th>batches/s</th></tr>'
+            f'(<code>{e(str(run.get("id")))}</code>, {e(str(run.get("status")))}): '
+            f'<b>{e(said.get("headline") or headline(summary)) if verdict else ""}</b>'
+            + "".join(f"<p>{e(text)}</p>" for text in (said.get("regression"), summary.get("no_recommendation_reason"))
+                      if text)
+            + '<table><tr><th>loader</th><th>steps</th><th>wait</th><th>verdict</th><th>batches/s</th></tr>'
             f'{rows}</table>' + (f"<ul>{''.join(items)}</ul>" if items else "") + copy + "</div>")

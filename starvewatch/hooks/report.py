@@ -8,18 +8,23 @@ def _pct(x) -> str:
 
 def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: str | None = None,
                   compare_url: str | None = None) -> str:
+    from ..analysis.sentences import band_words, headline, limiting_phrase
     verdict = summary["verdict"]
     run = summary["run"]
-    lines = [f"starvewatch: run {run['name']} ({run['id']}) — input-bound: {verdict['input_bound']}, "
-             f"input wait {_pct(verdict['input_wait_fraction'])}"
-             + (f", limiting factor: {verdict['limiting_factor']}" if verdict.get("limiting_factor") else "")]
+    said = summary.get("answer") or {}
+    lines = [f"starvewatch: run {run['name']} ({run['id']}) — {said.get('headline') or headline(summary)}"]
+    if verdict.get("limiting_factor") and verdict["input_bound"] != "insufficient_data":
+        lines.append(f"  the limit: {limiting_phrase(verdict['limiting_factor'])}")
+    if said.get("regression"):  # never a green verdict alone on a slower run
+        lines.append(f"  !! {said['regression']}")
     for loader in summary["loaders"]:
+        rate = f"{loader['batches_per_s']:.1f} batches/s" if loader.get("batches_per_s") else ""
         lines.append(f"  {loader['name']:<10} {loader['steps']:>8} steps  wait {_pct(loader['input_wait_fraction']):>6}"
-                     f"  {loader['verdict']:<17} {loader['batches_per_s'] or 0:.1f} batches/s")
-    if verdict.get("speedup_at_stake") and verdict["input_bound"] in ("moderate", "high"):
-        lines.append(f"  up to {verdict['speedup_at_stake']:.2f}x faster if the GPU never waited for data")
+                     f"  {band_words(loader['verdict']):<20} {rate}")
     for rec in summary.get("recommendations", [])[:3]:
         lines.append(f"  -> {recommendation_line(rec)}")
+    if summary.get("no_recommendation_reason"):
+        lines.append(f"  -- {summary['no_recommendation_reason']}")
     from ..analysis.findings import finding_line
     from ..analysis.findings.stall_text import stall_where
     for stall in summary.get("stalls", [])[:3]:

@@ -289,10 +289,19 @@ class StallDetector:
             name = state.name
             wait_ns = now_perf - t_call
             median_ns, threshold_ns = None, settings.stall_min_s * 1e9
+            # An epoch's first batch holds the start-up (workers spawning, a large job's
+            # dataset opening): judged against a start-up allowance, not the steady state's.
+            first = phase == "iter" or (it is not None and it.current_step() == 0)
+            if first:
+                threshold_ns = (settings.stall_startup_s or 6 * settings.stall_min_s) * 1e9
             if wait_ns > threshold_ns:  # only then the book (possibly the sidecar's, parsed)
                 stats = self.session.shipper.book().stats.get(state.index)
-                median_ns = stats.steady_wait().quantile(0.5) if stats is not None and stats.wait.count else None
-                threshold_ns = max(threshold_ns, settings.stall_median_factor * (median_ns or 0))
+                if first:  # or twice the slowest first batch of the epochs before
+                    earlier = stats.first_wait.maximum if stats is not None and stats.first_wait.count else 0
+                    threshold_ns = max(threshold_ns, 2 * earlier)
+                else:
+                    median_ns = stats.steady_wait().quantile(0.5) if stats is not None and stats.wait.count else None
+                    threshold_ns = max(threshold_ns, settings.stall_median_factor * (median_ns or 0))
             if wait_ns > threshold_ns:
                 stalled.add(name)
                 started_ns = t_call + self.session.wall_offset_ns

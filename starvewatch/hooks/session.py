@@ -157,13 +157,19 @@ class Session:
         return self.stack_dir
 
     # ---- loaders ----------------------------------------------------------------------------
-    def default_loader_name(self) -> str:
+    def default_loader_name(self, hints: tuple[str, ...] = ()) -> str:
+        """`train` for the first unnamed loader; a later one is named from its call site
+        (hooks/loader_names.py: the variable it is assigned to, else the one passed, else its
+        dataset's class), unique within the run, never a counter like `loader2`."""
         if "train" not in self.loaders:
             return "train"
-        n = len(self.loader_list) + 1
-        while f"loader{n}" in self.loaders:
+        base = next((h for h in hints if h), None) or "loader"
+        if base not in self.loaders:
+            return base
+        n = 2
+        while f"{base}-{n}" in self.loaders:
             n += 1
-        return f"loader{n}"
+        return f"{base}-{n}"
 
     def add_loader(self, name: str, config: dict | None, fixed_batch_size: int | None,
                    kind: str) -> LoaderState:
@@ -376,7 +382,11 @@ def _changed_settings(old: dict, new: dict) -> str:
     return ", ".join(changed[:4]) + (", ..." if len(changed) > 4 else "")
 
 
-def _loader_name(session: Session, name, shell) -> str:
+# (call site, dataset) -> the name an unnamed loader got there (hooks/loader_names.site_key).
+_SITE_NAMES: dict[tuple, str] = {}
+
+
+def _loader_name(session: Session, name, shell, loader=None) -> str:
     """The name given, or the one this call site got before (a re-run notebook cell), or the
     next default name."""
     if name is not None:
@@ -388,7 +398,13 @@ def _loader_name(session: Session, name, shell) -> str:
         earlier = name_for_site(key)
         if earlier is not None:
             return earlier
-    chosen = session.default_loader_name()
+    from .loader_names import name_hints, site_key
+    site = site_key(sys._getframe(2), loader)
+    chosen = _SITE_NAMES.get(site) if site is not None else None
+    if chosen is None:  # the same call site and dataset is the same loader: the same name
+        chosen = session.default_loader_name(name_hints(sys._getframe(2), loader))
+        if site is not None:
+            _SITE_NAMES[site] = chosen
     if key is not None:
         from .notebook import remember_site
         remember_site(key, chosen)
@@ -450,7 +466,7 @@ def watch(loader, name: str | None = None):
         return loader
     shell = _kernel_shell()
     with _LOCK:
-        name = _loader_name(session, name, shell)
+        name = _loader_name(session, name, shell, loader)
         if is_torch_dataloader(loader):
             config = dataloader_config(loader)
             state = session.loaders.get(name)
@@ -531,7 +547,7 @@ def finish(*, quiet: bool | None = None) -> dict | None:
             with the value.
 
     Returns:
-        The summary, a dict of the `starvewatch.summary/1` schema (the run, each loader's
+        The summary, a dict of the `starvewatch.summary/2` schema (the run, each loader's
         figures, the verdict, the recommendations), or None when no run was started.
 
     Example:
@@ -581,18 +597,25 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         _LAST_SUMMARY = summary
     if not (session.settings.quiet if quiet is None else quiet):
         from .report import print_report
+        previous = _previous_run(session, summary)
+        if previous is not None:  # slower than that run? the collector judged it (regression.py)
+            from .delivery.collector_link import run_regression
+            summary["regression"] = run_regression(session.settings.url, session.settings.token,
+                                                   summary["run"]["id"])
+            if summary["regression"] and isinstance(summary.get("answer"), dict):
+                summary["answer"]["regression"] = summary["regression"]["sentence"]
         if in_kernel:
             # Shown from here, whatever the cell does with the value (`s = finish()` renders
             # nothing otherwise); the same cell's value then adds nothing (hooks/notebook.py).
             import io
             text = io.StringIO()
-            print_report(summary, session, file=text, previous_run_id=_previous_run(session, summary))
+            print_report(summary, session, file=text, previous_run_id=previous)
             try:
                 summary.show(text.getvalue().rstrip("\n"))
             except Exception as exc:  # a display that fails must not fail finish()
                 log.warning("starvewatch: notebook display failed: %s: %s", type(exc).__name__, exc)
         else:
-            print_report(summary, session, file=sys.stderr, previous_run_id=_previous_run(session, summary))
+            print_report(summary, session, file=sys.stderr, previous_run_id=previous)
     return summary
 
 

@@ -36,6 +36,10 @@ class HookSettings:
     worker_memory_interval_s: float = 5.0  # USS/PSS of DataLoader workers (reads smaps)
     stall_min_s: float = 10.0
     stall_median_factor: float = 20.0
+    # A first batch (worker start-up, a dataset opening its files) is judged against this
+    # allowance, or twice the slowest earlier first batch, not the steady-state rule; 0: six
+    # times stall_min_s (60 s by default).
+    stall_startup_s: float = 0.0
     quiet: bool = False
     gpu_event_every: int = 4      # CUDA events on one step in this many, on average (hooks/cuda.py)
     shm_limit_bytes: int = 0      # a container's /dev/shm limit (0: the tmpfs's own size)
@@ -66,6 +70,7 @@ class HookSettings:
             stall_min_s=number("STARVEWATCH_STALL_MIN_S", 10.0),
             gpu_event_every=number("STARVEWATCH_GPU_EVENT_EVERY", 4, minimum=1, above_minimum=False, integer=True),
             stall_median_factor=number("STARVEWATCH_STALL_FACTOR", 20.0),
+            stall_startup_s=number("STARVEWATCH_STALL_STARTUP_S", 0.0),
             shm_limit_bytes=limit_bytes("STARVEWATCH_SHM_LIMIT_BYTES"),
             notebook_idle_s=_notebook_idle_s(),
         )

@@ -9,6 +9,7 @@ finding is told which loaders it named.
 from __future__ import annotations
 
 from ...shards import compare_readers, duplicated
+from ..sentences import plural
 
 
 SHARD_FIX = """class Shards(IterableDataset):
@@ -61,7 +62,7 @@ def shard_findings(worker_events: list[dict], configs: dict[str, dict | None] | 
         if check is None:
             continue
         reads, ranks = check["reads_per_batch"], len(per_rank) if by_rank else None
-        readers = f"{check['workers']} workers" + (f" on {ranks} ranks" if ranks else "")
+        readers = plural(check['workers'], 'worker') + (f" on {ranks} ranks" if ranks else "")
         out.append({
             "kind": "duplicated_shards", "loader": loader, "severity": "critical",
             "title": (f"The {readers} of '{loader}' yield the same batches: every sample is read {reads} "

@@ -8,6 +8,7 @@ of the "workers" events; findings.py gathers them with the others.
 from __future__ import annotations
 
 from ..sample_buckets import worker_parts
+from ..sentences import plural
 
 
 def shm_findings(worker_events: list[dict], configs: dict[str, dict | None],
@@ -49,7 +50,7 @@ def shm_findings(worker_events: list[dict], configs: dict[str, dict | None],
             "kind": "shm_risk", "loader": loader,
             "severity": "critical" if need > room else "warning",
             "title": (f"'{loader}' needs about {need / 2**20:.0f} MiB of /dev/shm for batches in flight "
-                      f"({per_batch / 2**20:.1f} MiB x prefetch_factor {prefetch} x {workers} workers), "
+                      f"({per_batch / 2**20:.1f} MiB x prefetch_factor {prefetch} x {plural(workers, 'worker')}), "
                       f"{room / 2**20:.0f} MiB available: workers die with a Bus error (SIGBUS) when it fills"),
             "detail": {"batch_bytes": per_batch, "prefetch_factor": prefetch, "num_workers": workers,
                        "shm_needed_bytes": need, "shm_total_bytes": total, "shm_used_max_bytes": used,

@@ -128,6 +128,23 @@ def previous_run(url: str, token: str | None, run: dict, timeout_s: float = 2.0)
     finally:
         transport.close()
     started = run.get("started_at") or "~"  # ISO strings of the same format compare in time order
+    # Lost, interrupted and too-short runs are no baseline (as the collector's previous_run_id).
     earlier = [r for r in runs if isinstance(r, dict) and r.get("name") == run["name"] and r.get("id") != run["id"]
-               and (r.get("started_at") or "") < started]
+               and (r.get("started_at") or "") < started and r.get("status") not in ("lost", "interrupted")
+               and r.get("verdict") not in (None, "insufficient_data")]
     return max(earlier, key=lambda r: r.get("started_at") or "")["id"] if earlier else None
+
+
+def run_regression(url: str, token: str | None, run_id: str, timeout_s: float = 2.0) -> dict | None:
+    """The collector's judgement of this run against the previous one of its name (its
+    summary's `regression`: analysis/regression.py), for the end-of-run report; None when
+    there is none or the collector does not answer in time."""
+    transport = HttpTransport(url, token, timeout_s=timeout_s)
+    try:
+        status, body = transport.request("GET", f"/api/v1/runs/{urllib.parse.quote(run_id, safe='')}/summary")
+        found = json.loads(body).get("regression") if status == 200 else None
+    except (TransportError, ValueError, AttributeError):
+        return None
+    finally:
+        transport.close()
+    return found if isinstance(found, dict) and isinstance(found.get("sentence"), str) else None

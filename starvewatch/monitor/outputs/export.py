@@ -14,7 +14,7 @@ from .markdown_sections import straggler_lines, tuning_lines
 from .markdown_text import md_block, md_code, md_text, readable_time
 from ...quantities import speedup_text
 from ...analysis.diagnosis import joint_changes_note
-from ...analysis.snippet import snippet  # noqa: F401  (the dashboard and reports import it from here)
+from ...analysis.snippet import is_call, snippet  # noqa: F401  (the dashboard and reports import it from here)
 from .verdict_box import VERDICT_BOX_STYLE, verdict_box
 
 CSV_COLUMNS = ("run", "rank", "loader", "epoch", "step", "start_ns", "wait_ms", "compute_ms", "other_ms",
@@ -73,25 +73,37 @@ def _num(x, digits=2) -> str:
 
 
 def to_markdown(summary: dict) -> str:
+    from ...analysis.sentences import band_words, headline, limiting_phrase
     run, verdict = summary["run"], summary["verdict"]
+    said = summary.get("answer") or {}
     lines = [f"# starvewatch report: {md_text(run['name'])}", "",
              f"- run {md_code(run['id'])} on {md_text(run.get('host') or 'unknown host')}, {run.get('status')}, "
              f"started {readable_time(run.get('started_at'))}, ended {readable_time(run.get('ended_at'))}",
-             f"- **input-bound: {verdict['input_bound']}**, input wait {_pct(verdict['input_wait_fraction'])}, "
-             f"limiting factor: {verdict.get('limiting_factor') or 'n/a'}",
-             f"- speedup at stake if the loop never waited: "
-             f"{_num(verdict.get('speedup_at_stake'))}x; GPU idle (CUDA events): {_pct(verdict.get('gpu_idle_fraction'))}",
-             "", "## Loaders", "",
+             f"- **{md_text(said.get('headline') or headline(summary))}**"
+             + (f"; the limit: {limiting_phrase(verdict['limiting_factor'])}"
+                if verdict.get("limiting_factor") and verdict["input_bound"] != "insufficient_data" else ""),
+             f"- GPU idle (CUDA events): {_pct(verdict.get('gpu_idle_fraction'))}"]
+    if said.get("regression"):
+        lines.append(f"- **{md_text(said['regression'])}**")
+    lines += [f"- {md_text(line)}" for line in said.get("other_loaders") or []]
+    lines += ["", "## Loaders", "",
              "| loader | steps | epochs | input wait | verdict | wait p50 / p95 / p99 (ms) | compute mean (ms) | batches/s | samples/s | dropped |",
              "|---|---:|---:|---:|---|---|---:|---:|---:|---:|"]
     for l in summary["loaders"]:
         w = l["wait_ms"]
-        lines.append(f"| {md_text(l['name'])} | {l['steps']} | {l['epochs']} | {_pct(l['input_wait_fraction'])} | {l['verdict']} | "
+        lines.append(f"| {md_text(l['name'])} | {l['steps']} | {l['epochs']} | {_pct(l['input_wait_fraction'])} | {band_words(l['verdict'])} | "
                      f"{_num(w['p50'])} / {_num(w['p95'])} / {_num(w['p99'])} | {_num(l['compute_ms']['mean'])} | "
                      f"{_num(l['batches_per_s'], 1)} | {_num(l['samples_per_s'], 1)} | {l['dropped_records']} |")
     lines += ["", "## Recommendations", ""]
     if not summary["recommendations"]:
-        lines.append("None: this run is not starved for data.")
+        # "Not starved" only where the band says so; a waiting run says why nothing is advised.
+        band = verdict["input_bound"]
+        lines.append(md_text(summary.get("no_recommendation_reason")) if summary.get("no_recommendation_reason") else
+                     "None: this run is not starved for data." if band == "not" else
+                     "None yet: " + md_text(said.get("needs_more") or "not enough data to judge") + "."
+                     if band == "insufficient_data" else "None: no DataLoader setting is predicted to help.")
+    elif summary.get("no_recommendation_reason"):
+        lines += [md_text(summary["no_recommendation_reason"]), ""]
     for i, r in enumerate(summary["recommendations"], 1):
         what = f"`{r['parameter']}={r['suggested']!r}` (now `{r['current']!r}`)" if r["parameter"] else f"{r['suggested']}"
         gain = f", expected {speedup_text(r)}" if r.get("expected_speedup") else ""
@@ -103,7 +115,8 @@ def to_markdown(summary: dict) -> str:
     for l in summary["loaders"]:
         code = snippet(l.get("config"), summary["recommendations"], l["name"])
         if code:
-            lines += ["", *md_block(f"{l['name']}_loader = {code}", "python")]
+            lines += ["", *md_block(f"{l['name']}_loader = {code}" if is_call(code) else
+                                    f"# {l['name']}: set in your own DataLoader(...) call\n{code}", "python")]
     if summary.get("stalls"):
         lines += ["", "## Stalls", ""]
         for s in summary["stalls"]:

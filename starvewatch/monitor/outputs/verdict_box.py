@@ -20,12 +20,19 @@ details summary{cursor:pointer;font-weight:600;color:#445}"""
 
 def verdict_box(summary: dict) -> str:
     e = html.escape
+    said = summary.get("answer") or {}
     parts = [f"<p class='sw-verdict' id='verdict-sentence'>{e(answer_text.verdict_sentence(summary))}</p>"]
+    if said.get("regression"):  # a slower run is never shown as a success alone
+        parts.append(f"<p class='sw-regression' id='regression'>{e(said['regression'])}</p>")
+    parts += [f"<p class='sw-muted'>{e(line)}</p>" for line in said.get("other_loaders") or []]
     recs = answer_text.speedups(summary)
     if not recs:
         band = summary["verdict"]["input_bound"]
-        note = ("No change to recommend: the loop is not waiting for data." if band in ("not", "insufficient_data")
-                else "No change to recommend: no DataLoader setting is expected to remove the wait that is left.")
+        note = ("No change to recommend yet: " + (said.get("needs_more") or "not enough data to judge") + "."
+                if band == "insufficient_data" else
+                "No change to recommend: the loop is not waiting for data." if band == "not" else
+                summary.get("no_recommendation_reason")
+                or "No change to recommend: no DataLoader setting is expected to remove the wait that is left.")
         parts.append(f"<p id='no-recommendation'>{e(note)}</p>")
         return f"<div class='sw-answer' id='answer'>{''.join(parts)}</div>"
     top = recs[0]

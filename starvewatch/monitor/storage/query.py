@@ -80,6 +80,40 @@ def cached(per_run: bool = True, max_age_s: float | None = 5.0):
     return decorate
 
 
+# How many earlier runs of a name are looked at for one that can be compared with.
+PREVIOUS_CANDIDATES = 20
+
+
+def comparable(status: str | None, verdict: str | None) -> bool:
+    """A run to compare a later one with: it ran its course (not lost or interrupted) and has
+    enough data for a verdict."""
+    return status not in ("lost", "interrupted") and verdict not in (None, "insufficient_data")
+
+
+def mark_regressions(runs: list[dict]) -> None:
+    """Each listed run slower than the previous comparable run of its name beyond noise gets
+    `regression` {speedup, interval, sentence} (analysis/regression.py's judgement on the
+    training loaders' rates; the run page adds the likely cause)."""
+    from ...analysis.regression import regression
+    by_name: dict[str, list[dict]] = {}
+    for r in sorted(runs, key=lambda r: r["started_at"] or ""):
+        by_name.setdefault(r["name"], []).append(r)
+    for members in by_name.values():
+        previous = None
+        for r in members:
+            r["regression"] = None
+            if previous is not None:
+                r["regression"] = regression(_as_summary(previous), _as_summary(r))
+            if comparable(r["status"], r["verdict"]):
+                previous = r
+
+
+def _as_summary(listed: dict) -> dict:
+    part = {"name": listed.get("training_loader") or "train", "steps": listed.get("steps"),
+            "batches_per_s": listed.get("batches_per_s"), "samples_per_s": listed.get("samples_per_s")}
+    return {"run": {"id": listed["id"]}, "verdict": {"training_loader": part["name"]}, "loaders": [part]}
+
+
 class Query:
     def __init__(self, store: Store, lost_after_s: float = 60.0) -> None:
         self.store = store
@@ -253,14 +287,18 @@ class Query:
         return result
 
     def previous_run_id(self, run_id: str, name: str | None = None) -> str | None:
-        """The latest run with the same name that started before this one, or None."""
+        """The latest run with the same name that started before this one and can be compared
+        with: not lost or interrupted, with enough data for a verdict (issue 34); or None."""
         name = name if name is not None else self._row(run_id)["name"]
-        row = self.store.reader().execute(
+        rows = self.store.reader().execute(
             "SELECT id FROM runs WHERE name = ? AND id != ? AND coalesce(started_at, first_seen) < "
             "(SELECT coalesce(started_at, first_seen) FROM runs WHERE id = ?) "
-            "ORDER BY coalesce(started_at, first_seen) DESC LIMIT 1",
-            (name, run_id, run_id)).fetchone()
-        return row[0] if row else None
+            "ORDER BY coalesce(started_at, first_seen) DESC LIMIT ?",
+            (name, run_id, run_id, PREVIOUS_CANDIDATES)).fetchall()
+        for (candidate,) in rows:
+            if comparable(self.status(candidate), self._listed_figures(candidate)["verdict"]):
+                return candidate
+        return None
 
     def previous_summary(self, meta: dict) -> dict | None:
         """The latest earlier run with the same name (for verify-after-change)."""
@@ -323,14 +361,13 @@ class Query:
                 **self._listed_figures(row["id"]),
                 "ranks": len({s["rank"] for s in self.store.stream_rows(row["id"])}),
             })
+        mark_regressions(out)
         return out
 
     def _listed_figures(self, run_id: str) -> dict:
         """A run's verdict, input wait, batches/s and steps as its summary computes them, from
         the loaders' totals alone (no histograms, no diagnosis): the runs page lists thousands."""
-        from ...schema import band, worst_band
         from ...stats import LoaderTotals
-        from ...analysis.summary import fraction, loop_ns, wait_total_ns
         merged: dict[str, tuple[LoaderTotals, set]] = {}
         for row in self.store.loader_rows(run_id):
             totals = LoaderTotals.from_dict(orjson.loads(row["totals"]))
@@ -342,15 +379,16 @@ class Query:
             known.merge(totals)
             known.epochs = epochs
             ranks.add(row["rank"])
-        bands, rates = [], []
-        for t, ranks in merged.values():
-            bands.append(band(fraction(wait_total_ns(t), loop_ns(t)), t.steps))
-            elapsed_s = (loop_ns(t) + t.other_ns) / max(1, len(ranks)) / 1e9
-            rates.append(t.steps / elapsed_s if elapsed_s > 0 else 0)
-        totals = [t for t, _ in merged.values()]
-        return {"verdict": worst_band(bands),
-                "input_wait_fraction": fraction(sum(wait_total_ns(t) for t in totals), sum(loop_ns(t) for t in totals)),
-                "batches_per_s": sum(rates) or None, "steps": sum(t.steps for t in totals)}
+        from ...analysis.summary import LoaderData, loader_summary, run_verdict
+        configs = {row["name"]: orjson.loads(row["config"]) if row["config"] else None
+                   for row in self.store.loader_rows(run_id)}
+        data = [LoaderData(name, configs.get(name), t, None, sorted(ranks)) for name, (t, ranks) in merged.items()]
+        verdict = run_verdict(data, [loader_summary(d) for d in data])
+        return {"verdict": verdict["input_bound"], "input_wait_fraction": verdict["input_wait_fraction"],
+                "training_loader": verdict["training_loader"],
+                # The training loader's: another loader's batches are not the run's throughput.
+                "batches_per_s": verdict["batches_per_s"], "samples_per_s": verdict["samples_per_s"],
+                "steps": sum(t.steps for t, _ in merged.values())}
 
     @cached(per_run=False)
     def storage_notes(self) -> list[dict]:

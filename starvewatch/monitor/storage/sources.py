@@ -146,7 +146,8 @@ class RemoteSource:
         return self._get("/api/v1/runs", status=status, q=search)["runs"]
 
     def summary(self, run_id: str) -> dict:
-        return self._get(f"/api/v1/runs/{url_segment(run_id)}/summary")
+        from ...analysis.summary import upgrade  # an older collector's summary/1, read as /2
+        return upgrade(self._get(f"/api/v1/runs/{url_segment(run_id)}/summary"))
 
     def detail(self, run_id: str) -> dict:
         return self._get(f"/api/v1/runs/{url_segment(run_id)}")

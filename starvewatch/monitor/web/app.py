@@ -241,7 +241,7 @@ def _run_routes(app: FastAPI, state: dict) -> None:
 
     @app.get("/api/v1/runs/{run_id}/summary")
     def summary(run_id: str, rank: int | None = Q(None, ge=0, le=INT64_MAX)):
-        """The run's summary (`starvewatch.summary/1`, as `finish()` returns it): each loader's
+        """The run's summary (`starvewatch.summary/2`, as `finish()` returns it): each loader's
         figures, the verdict and the recommendations. `rank` gives one rank's alone.
 
         Example: `curl http://127.0.0.1:8412/api/v1/runs/RUN_ID/summary`."""
