@@ -10,6 +10,7 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+from time import perf_counter_ns
 
 import pytest
 
@@ -38,7 +39,13 @@ class SharedClock:
     reads (set_clock), counting who read it."""
 
     def __init__(self) -> None:
-        self._ticks = itertools.count(10**12, 997)
+        # A second behind the real clock, never ahead of it: the shipper's cycle takes only the
+        # steps closed by its horizon, a real perf_counter_ns() read (shipper.py _take), so
+        # reads from the future were carried and never shipped. A fixed start of 10**12 was
+        # the future for the first 1,000 s after the machine booted (a full suite begun right
+        # after boot lost steps here). Rows are compared from each run's first start, so the
+        # two runs need not start at the same reading. (A run reads ~2,400 times: 2.4 ms.)
+        self._ticks = itertools.count(max(perf_counter_ns() - 10**9, 0), 997)
         self.python_reads = 0
         self.c_reads = 0
 
@@ -81,10 +88,18 @@ def _one_clock(core_name: str, monkeypatch):
 def _shipper_cycles_by_hand(session) -> None:
     """The shipper cycles at known points (not on its timer), so that both runs take the fast
     path at the same steps: after a general-path step it resumes once the shipper has taken the
-    segment before."""
+    segment before. The sampler thread is stopped too: on its timer (twice a second, whenever
+    the busy machine lets it run) it arms a CPU probe (samplers.py), which sends the current
+    iterator's next step to the general path: at a different step in each run, or in one run
+    only, so the runs' paths (and the fast-step counts) differed."""
     session.shipper._stop_requested.set()
     session.shipper._wake.set()
-    session.shipper.join(5)
+    session.shipper.join(60)
+    assert not session.shipper.is_alive()
+    for sampler in session.samplers:
+        sampler.stop()  # its last tick runs now, before any loader is watched: nothing to probe
+        sampler.join(60)
+        assert not sampler.is_alive()
 
 
 def _a_training_with(core_name: str, monkeypatch) -> tuple[list[tuple], SharedClock, dict]:
@@ -131,8 +146,6 @@ def test_both_cores_fed_the_same_clock_record_exactly_the_same_steps(monkeypatch
 
 
 def test_the_compiled_fast_path_reads_the_same_clock_as_perf_counter_ns():
-    from time import perf_counter_ns
-
     from starvewatch import _ccore
     for _ in range(1000):
         before = perf_counter_ns()
@@ -470,10 +483,9 @@ def test_the_fast_paths_batch_size_probe_reads_every_odd_batch_as_leading_dim_do
     transport = MemoryTransport()
     session = starvewatch.init("odd-batches", transport=transport)
     # The shipper cycles after every batch (not on its timer): the fast path is entered again
-    # after a change as soon as the segment before was taken.
-    session.shipper._stop_requested.set()
-    session.shipper._wake.set()
-    session.shipper.join(5)
+    # after a change as soon as the segment before was taken. (No sampler: its CPU probe would
+    # send a batch to the general path.)
+    _shipper_cycles_by_hand(session)
     iterator = iter(starvewatch.watch(batches, name="train"))
     odd_on_fast_path = 0
     for i, _ in enumerate(iterator):
