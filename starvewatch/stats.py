@@ -202,21 +202,60 @@ class LoaderTotals:
     # compute that another loader of the thread counts too (the run counts it once).
     other_loaders_wait_ns: int = 0
     shared_compute_ns: int = 0
+    # Where the waits went (hooks/delivery/attribution.py, from the workers' per-batch records):
+    # the steps whose batch was found and their wait, split by stage (WAIT_STAGES) as the
+    # intersection of each wait with what the batch's worker was doing; the part of it while
+    # a later batch was already ready (head-of-line blocking); per worker id, the wait owed to
+    # it (handover excluded), its head-of-line part, and all its batches and their time.
+    attributed_steps: int = 0
+    attributed_wait_ns: int = 0
+    wait_startup_ns: int = 0
+    wait_idle_ns: int = 0
+    wait_not_scheduled_ns: int = 0
+    wait_fetch_ns: int = 0
+    wait_collate_ns: int = 0
+    wait_handover_ns: int = 0
+    wait_unknown_ns: int = 0
+    hol_wait_ns: int = 0
+    worker_wait_ns: list = field(default_factory=list)
+    worker_hol_ns: list = field(default_factory=list)
+    worker_batches: list = field(default_factory=list)
+    worker_batch_ns: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return {name: (list(value) if isinstance(value := getattr(self, name), list) else value)
+                for name in self.__dataclass_fields__}
 
     @classmethod
     def from_dict(cls, data: dict) -> "LoaderTotals":
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        return cls(**{k: (list(data[k]) if isinstance(data[k], list) else data[k])
+                      for k in cls.__dataclass_fields__ if k in data})
 
     def merge(self, other: "LoaderTotals") -> None:
         """Add `other` (another rank, another chunk) into these totals: every count adds up,
-        every flag (a bool field: `samples_known`) holds only where it holds for both. Derived
-        from the fields above, so a new field is merged without being listed here."""
+        every flag (a bool field: `samples_known`) holds only where it holds for both, every
+        per-worker list adds up by worker id. Derived from the fields above, so a new field is
+        merged without being listed here."""
         for name, spec in self.__dataclass_fields__.items():
             mine, theirs = getattr(self, name), getattr(other, name)
-            setattr(self, name, (mine and theirs) if isinstance(spec.default, bool) else mine + theirs)
+            if isinstance(mine, list):
+                add_per_worker(mine, theirs)
+            else:
+                setattr(self, name, (mine and theirs) if isinstance(spec.default, bool) else mine + theirs)
+
+
+# The stages a wait is split into (docs/what-it-measures.md defines each), in the order of a
+# batch's life: the worker process starting, idle on its index queue, busy with its earlier
+# batches, fetching the samples, collating, then the main process's hand-over.
+WAIT_STAGES = ("startup", "idle", "not_scheduled", "fetch", "collate", "handover", "unknown")
+
+
+def add_per_worker(into: list, values: list) -> None:
+    """Per-worker-id sums: `values` added into `into` (grown to the longer of the two)."""
+    if len(into) < len(values):
+        into.extend([0] * (len(values) - len(into)))
+    for i, v in enumerate(values):
+        into[i] += v
 
 
 @dataclass

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from ..schema import OLD_SUMMARY_SCHEMAS, SUMMARY_SCHEMA, band
 from ..stats import LoaderTotals, RecordStats
 from .findings import findings_from
+from .wait_attribution import attribution_of
 
 
 @dataclass
@@ -118,6 +119,7 @@ def loader_summary(data: LoaderData) -> dict:
         "step_time": _step_time(t, rec),
         "dropped_records": t.dropped_records,
         "ranks": sorted(data.ranks),
+        "attribution": attribution_of(t),  # who made the loop wait (wait_attribution.py)
     }
 
 

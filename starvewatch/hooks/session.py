@@ -78,8 +78,11 @@ class LoaderState:
         return state
 
     def describe(self, totals) -> dict:
-        return {"name": self.name, "kind": self.kind, "config": self.config,
-                "totals": totals.to_dict()}
+        described = {"name": self.name, "kind": self.kind, "config": self.config,
+                     "totals": totals.to_dict()}
+        if self.board is not None:  # where delivery reads the workers' batch records (not shipped)
+            described["board"] = self.board.describe()
+        return described
 
 
 class Session:

@@ -13,12 +13,14 @@ import mmap
 import os
 import secrets
 import struct
+import sys
 import tempfile
 import weakref
 from pathlib import Path
 from time import perf_counter_ns, thread_time_ns, time_ns
 
 from ..logonce import RateLimitedLog
+from .. import worker_batches
 
 _failures = RateLimitedLog(logging.getLogger("starvewatch.hooks"), interval_s=3600)
 
@@ -41,6 +43,13 @@ BATCH_BYTES_EVERY = 64  # batches: the first one and every 64th are measured
 # (hashed in the worker): workers that yield the same sequence read the same shard.
 HASHED_BATCHES = 64
 HASHES = struct.Struct(f"<{HASHED_BATCHES}q")
+# Last, per worker, a ring of per-batch records (worker_batches.py): when the worker waited on
+# its index queue, fetched, collated and handed the batch over, read by delivery to say where
+# each of the loop's waits went (hooks/delivery/attribution.py).
+
+
+def rings_base(num_workers: int) -> int:
+    return (ROW.size + CURRENT.size + HASHES.size) * min(num_workers, MAX_WORKERS)
 
 
 def _board_dir() -> Path:
@@ -56,7 +65,7 @@ class WorkerBoard:
         self.stack_dir = stack_dir  # where the workers' faulthandler files go
         self.path = _board_dir() / f"starvewatch-{os.getpid()}-{secrets.token_hex(4)}.workers"
         with open(self.path, "wb") as f:
-            f.write(b"\0" * (ROW.size + CURRENT.size + HASHES.size) * self.num_workers)
+            f.write(b"\0" * (rings_base(self.num_workers) + worker_batches.RING_BYTES * self.num_workers))
         self._file = open(self.path, "rb")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         self._finalizer = weakref.finalize(self, _cleanup, self._map, self._file, self.path)
@@ -81,6 +90,10 @@ class WorkerBoard:
         """Per worker: the content hashes of its first batches, in order (0: not hashed)."""
         base = (ROW.size + CURRENT.size) * self.num_workers
         return [list(HASHES.unpack_from(self._map, base + w * HASHES.size)) for w in range(self.num_workers)]
+
+    def describe(self) -> list:
+        """[path, workers, where the rings begin]: what delivery opens the rings by."""
+        return [str(self.path), self.num_workers, rings_base(self.num_workers)]
 
     def stack_path(self, worker_id: int) -> str | None:
         return stack_file(self.stack_dir, worker_id) if self.stack_dir else None
@@ -108,7 +121,10 @@ class WorkerInit:
 
     def __call__(self, worker_id: int) -> None:
         try:
-            _install(self.path, worker_id, self.num_workers, getattr(self, "stack_dir", None))
+            # torch calls worker_init_fn from its worker loop, whose queues the batch records
+            # are timed on (_queues); any other caller gets the rest of the telemetry.
+            _install(self.path, worker_id, self.num_workers, getattr(self, "stack_dir", None),
+                     sys._getframe(1))
         except Exception as exc:  # telemetry is optional; the worker's real work is not
             _failures.error("install", "starvewatch: DataLoader worker %d runs without per-worker telemetry: %s: %s",
                             worker_id, type(exc).__name__, exc)
@@ -119,8 +135,9 @@ class WorkerInit:
 _ROW_VIEW = None
 
 
-def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None = None) -> None:
-    global _ROW_VIEW, _CURRENT_AT, _HASHES_AT
+def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None = None,
+             caller=None) -> None:
+    global _ROW_VIEW, _CURRENT_AT, _HASHES_AT, _RING_AT
     if worker_id >= num_workers or worker_id >= MAX_WORKERS:
         return
     f = open(path, "r+b")
@@ -130,6 +147,7 @@ def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None 
     row[0] = os.getpid()
     _CURRENT_AT = ROW.size * min(num_workers, MAX_WORKERS) + worker_id * CURRENT.size
     _HASHES_AT = (ROW.size + CURRENT.size) * min(num_workers, MAX_WORKERS) + worker_id * HASHES.size
+    _RING_AT = worker_batches.ring_offset(rings_base(num_workers), worker_id)
     signum = 0
     if stack_dir:
         from .stacks import register
@@ -147,6 +165,10 @@ def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None 
 
         def fetch(self, possibly_batched_index, _original=original):
             t0, c0 = perf_counter_ns(), thread_time_ns()
+            _BATCH[2] = t0
+            _BATCH[3] = _BATCH[4] = 0
+            if "collate_fn" in self.__dict__ and not getattr(self.collate_fn, "_starvewatch", False):
+                self.collate_fn = _TimedCollate(self.collate_fn)  # once per fetcher
             _fetching(t0, possibly_batched_index if self.auto_collation else (possibly_batched_index,))
             data = _original(self, possibly_batched_index)
             position = _ROW_VIEW[2][1]
@@ -163,6 +185,69 @@ def _install(path: str, worker_id: int, num_workers: int, stack_dir: str | None 
 
     from .snapshots import time_worker_snapshots
     time_worker_snapshots(_record_snapshot)
+    _time_queues(caller, mapping)
+
+
+# The batch in progress in this worker: [wait_start_ns, got_ns, fetch_start_ns,
+# collate_start_ns, collate_end_ns, flags]. One worker loop per process, one thread.
+_BATCH = [0, 0, 0, 0, 0, worker_batches.FIRST]
+_RING_AT = 0
+
+
+class _TimedCollate:
+    """The fetcher's collate_fn, timed: its call is the "collate" part of a batch."""
+
+    _starvewatch = True
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, data):
+        _BATCH[3] = perf_counter_ns()
+        try:
+            return self.fn(data)
+        finally:
+            _BATCH[4] = perf_counter_ns()
+
+
+# What a worker hands over instead of a batch (an exhausted IterableDataset, an exception).
+_NOT_BATCHES = frozenset({"_IterableDatasetStopIteration", "ExceptionWrapper"})
+
+
+def _time_queues(frame, mapping) -> None:
+    """Time the worker loop's index queue (when a batch's indices arrived, and since when the
+    worker waited for them) and its result queue (when the batch was handed over, under which
+    number): the instances' own get/put, so nothing else in the process changes."""
+    index_queue = frame.f_locals.get("index_queue") if frame is not None else None
+    data_queue = frame.f_locals.get("data_queue") if frame is not None else None
+    if not (hasattr(index_queue, "get") and hasattr(data_queue, "put")):
+        return
+    _BATCH[0] = perf_counter_ns()  # started: the first batch's wait for indices begins
+    _BATCH[5] = worker_batches.FIRST
+    get, put = index_queue.get, data_queue.put
+
+    def timed_get(*args, **kwargs):
+        r = get(*args, **kwargs)  # queue.Empty every few seconds: the wait goes on
+        _BATCH[1] = perf_counter_ns()
+        return r
+
+    def timed_put(obj, *args, **kwargs):
+        batch = _BATCH
+        idx = obj[0] if type(obj) is tuple and len(obj) == 2 else None
+        if type(idx) is int and batch[2] and type(obj[1]).__name__ not in _NOT_BATCHES:
+            try:  # the record before the put: it is there before the loop can have the batch
+                worker_batches.write(mapping, _RING_AT, (idx, batch[0], batch[1], batch[2], batch[3],
+                                                         batch[4], perf_counter_ns(), batch[5]))
+            except Exception:  # a record lost, never a batch
+                pass
+            batch[2] = batch[3] = batch[4] = batch[5] = 0
+        try:
+            return put(obj, *args, **kwargs)
+        finally:
+            batch[0] = perf_counter_ns()
+
+    index_queue.get = timed_get
+    data_queue.put = timed_put
 
 
 def stack_file(stack_dir: str, worker_id: int) -> str:

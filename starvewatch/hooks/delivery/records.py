@@ -21,6 +21,7 @@ from ...record_layout import (FULL_RECORD_LEN, HORIZON_RECORD_LEN, OPEN_WAIT_REC
                               R_EPOCH_START, R_GPU, R_OTHER, R_PHASES, R_RET, R_SPANS, R_START, R_WAIT,
                               R_BATCH, READS_RECORD_LEN)
 from .account import add_accounts, empty_account
+from .attribution import Attribution
 from .overlap import Lanes, split_marks
 
 _overlap_errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
@@ -185,8 +186,11 @@ class RecordBook:
         # Recent waits per thread, for steps still to come (overlap.py). Not in to_dict: after
         # a take-over from a dead sidecar the first steps may keep a few other loaders' waits.
         self.lanes = Lanes()
+        # The workers' per-batch records, joined with the steps' waits (attribution.py).
+        self.attribution = Attribution()
 
     def add(self, cols: dict) -> None:
+        self.attribution.add(cols, lambda index: self.totals.setdefault(index, LoaderTotals()))
         indexes = cols["index"]
         groups = set(indexes)
         for index in groups:
@@ -291,9 +295,11 @@ class LocalPipeline:
         """The batch of what was added since the last send, in the book: its payload but for
         the delivery account and drops, which `deliver_built` adds as they stand when it is
         sent. Apart so that the sidecar builds the next batch while this one is in flight."""
+        self.current_book.attribution.use_boards(header["loaders"])
         batch = self._settled_batch()
         book = self.current_book
-        loaders = [dict(loader, totals=book.merged(index, LoaderTotals.from_dict(loader["totals"])).to_dict())
+        loaders = [{**{k: v for k, v in loader.items() if k != "board"},  # a local path: not for the wire
+                    "totals": book.merged(index, LoaderTotals.from_dict(loader["totals"])).to_dict()}
                    for index, loader in enumerate(header["loaders"])]
         steps = {name: batch[name] if batch else [] for name in STEP_COLUMNS}
         book.seq = header["seq"]

@@ -15,6 +15,7 @@ from ...stats import LoaderTotals
 
 # Bounded so every sum the collector forms stays an exact 64-bit integer (2**53 ns: 104 days).
 NonNegInt = Annotated[int, Field(ge=0, le=2**53)]
+PER_WORKER_MAX = 512  # hooks/workers.py MAX_WORKERS: a loader's per-worker lists
 WallNs = Annotated[int, Field(ge=0, le=2**63 - 1)]  # wall-clock ns since the Unix epoch
 Number = Annotated[int | float, Field(ge=-1e300, le=1e300)]
 # Shown to people (escaped wherever shown): printable text.
@@ -87,11 +88,17 @@ class StepColumns(Strict):
 
 
 # One field per LoaderTotals field (starvewatch/stats.py, where the list is written): a count
-# is a bounded non-negative integer, a flag a bool, each with the dataclass's default.
+# is a bounded non-negative integer, a flag a bool, each with the dataclass's default; a
+# per-worker list (issue 38: where the waits went) holds at most PER_WORKER_MAX counts.
+def _totals_field(spec) -> tuple:
+    if spec.default_factory is list:
+        return list[NonNegInt], Field(default_factory=list, max_length=PER_WORKER_MAX)
+    return (bool if isinstance(spec.default, bool) else NonNegInt), spec.default
+
+
 LoaderTotalsModel = create_model(
     "LoaderTotalsModel", __base__=Strict,
-    **{name: (bool if isinstance(spec.default, bool) else NonNegInt, spec.default)
-       for name, spec in LoaderTotals.__dataclass_fields__.items()})
+    **{name: _totals_field(spec) for name, spec in LoaderTotals.__dataclass_fields__.items()})
 
 
 def _bounded_extras(model: BaseModel) -> None:

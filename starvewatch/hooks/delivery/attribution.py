@@ -1,0 +1,233 @@
+"""Where each wait came from: the loop's blocked intervals joined with the DataLoader workers'
+per-batch records (worker_batches.py), by overlap.
+
+For a step's wait [a, b] (a: when next() was called, or iter() for an epoch's first step; b:
+when the batch came back), the batch the loop waited for is found in the workers' records
+(with in_order=True the one numbered like the step; without, the next one handed over), and
+[a, b] is cut along what the batch's worker was doing: starting up, idle on its index queue,
+busy with its earlier batches (this one not yet scheduled), fetching the samples, collating;
+the part after the worker handed it over is the main process's (the result queue, unpickling,
+the pin-memory thread). Each stage gets the length of its intersection with [a, b], never a
+summed duration: a fetch that ran while the loop computed costs the loop nothing.
+
+Head-of-line blocking: the part of a wait during which a later batch of the same epoch was
+already handed over (in_order=True makes the loop wait for the batches in order).
+
+Runs where the book is kept (records.RecordBook: the sidecar, or the training process without
+one), never on the training thread. Exact sums go into the loader's totals (stats.LoaderTotals).
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+from collections import deque
+
+from ...logonce import RateLimitedLog
+from ...stats import WAIT_STAGES, add_per_worker
+from ...worker_batches import RING, FIRST, RingReader
+
+_errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
+
+(IDX, WAIT_START, GOT, FETCH, C0, C1, DONE, FLAGS) = range(8)
+KEEP = RING  # records kept per worker: a few seconds of the fastest worker
+EPOCHS_KEPT = 64  # epoch starts remembered (per loader, epoch, thread)
+
+
+def split(a: int, b: int, history, pos: int, stages: dict) -> int:
+    """Add to `stages` the intersection of [a, b] with each stage of the batch
+    `history[pos]` (its worker's records in order, that batch's last); returns the part owed
+    to the worker (b - a less the hand-over)."""
+    r = history[pos]
+    handover = max(0, b - max(a, r[DONE]))
+    stages["handover"] += handover
+    cursor = min(b, r[DONE])  # the worker's part: [a, cursor], walked back in time
+    j = pos
+    while cursor > a and j >= 0:
+        q = history[j]
+        own = q is r
+        if q[C0]:
+            parts = ((q[C0], q[DONE], "collate"), (q[GOT], q[C0], "fetch"))
+        else:
+            parts = ((q[GOT], q[DONE], "fetch"),)
+        for start, end, stage in parts:
+            overlap = min(end, cursor) - max(start, a)
+            if overlap > 0:
+                stages[stage if own else "not_scheduled"] += overlap
+        overlap = min(q[GOT], cursor) - max(q[WAIT_START], a)
+        if overlap > 0:
+            stages["idle"] += overlap
+        cursor = min(cursor, q[WAIT_START])
+        if cursor <= a:
+            break
+        if q[FLAGS] & FIRST:  # before its first wait for indices, the worker was starting
+            stages["startup"] += cursor - a
+            cursor = a
+            break
+        j -= 1
+        if j >= 0 and history[j][DONE] <= cursor:
+            # Between handing the previous batch over and waiting again: the put itself.
+            overlap = cursor - max(history[j][DONE], a)
+            if overlap > 0:
+                stages["not_scheduled"] += overlap
+            cursor = max(history[j][DONE], a)
+        else:
+            break
+    if cursor > a:  # records missing (a lapped ring, a worker without telemetry)
+        stages["unknown"] += cursor - a
+    return b - a - handover
+
+
+class LoaderRecords:
+    """One loader's worker records as they are read from its board, for the join."""
+
+    def __init__(self, board: list, config: dict | None) -> None:
+        path, workers, base = board
+        self.reader = RingReader(str(path), int(workers), int(base))
+        config = config or {}
+        self.in_order = config.get("in_order", True) is not False
+        # Batches in flight at most: later ones cannot be ready during a wait.
+        self.window = max(1, int(workers) * int(config.get("prefetch_factor") or 2))
+        self.history: list[deque] = [deque(maxlen=KEEP) for _ in range(int(workers))]
+        self.by_idx: dict[int, list] = {}
+        self.arrivals: list = []  # (done, worker, record) heap: in_order=False's hand-over order
+        self.epoch_starts: dict = {}
+
+    def pull(self, totals) -> None:
+        """The records written since the last pull; each worker's batch count and time."""
+        records = self.reader.take()
+        if not records:
+            return
+        workers = len(self.history)
+        batches, busy = [0] * workers, [0] * workers
+        for worker, r in records:
+            self.history[worker].append(r)
+            self.by_idx.setdefault(r[IDX], []).append((worker, r))
+            if not self.in_order:
+                heapq.heappush(self.arrivals, (r[DONE], worker, r))
+            batches[worker] += 1
+            busy[worker] += r[DONE] - r[GOT]
+        add_per_worker(totals.worker_batches, batches)
+        add_per_worker(totals.worker_batch_ns, busy)
+        if len(self.by_idx) > 4 * KEEP or len(self.arrivals) > KEEP * workers:
+            self._trim()
+
+    def _trim(self) -> None:
+        kept = {id(r) for history in self.history for r in history}
+        self.by_idx = {idx: [(w, r) for w, r in entries if id(r) in kept]
+                       for idx, entries in self.by_idx.items()}
+        self.by_idx = {idx: entries for idx, entries in self.by_idx.items() if entries}
+        self.arrivals = [item for item in self.arrivals if id(item[2]) in kept]
+        heapq.heapify(self.arrivals)
+
+    def epoch_start(self, key, start: int | None) -> int | None:
+        if start is not None:
+            if len(self.epoch_starts) >= EPOCHS_KEPT:
+                self.epoch_starts.pop(next(iter(self.epoch_starts)))
+            self.epoch_starts[key] = start
+            return start
+        return self.epoch_starts.get(key)
+
+    def find(self, step: int, b: int, since: int | None) -> tuple | None:
+        """(worker, record) of the batch the loop received at `b`."""
+        if self.in_order:
+            best = None
+            for worker, r in self.by_idx.get(step, ()):
+                if r[DONE] <= b and (since is None or r[GOT] >= since) and (best is None or r[DONE] > best[1][DONE]):
+                    best = (worker, r)
+            return best
+        arrivals = self.arrivals
+        while arrivals and arrivals[0][0] <= b:
+            _, worker, r = heapq.heappop(arrivals)
+            if since is None or r[GOT] >= since:
+                return worker, r
+        return None
+
+    def ready_before(self, step: int, b: int, since: int | None) -> int | None:
+        """When the first batch after `step` (this epoch) was handed over, if before `b`."""
+        first = None
+        for idx in range(step + 1, step + 1 + self.window):
+            for _, r in self.by_idx.get(idx, ()):
+                if r[DONE] <= b and (since is None or r[GOT] >= since) and (first is None or r[DONE] < first):
+                    first = r[DONE]
+        return first
+
+    def position(self, worker: int, record) -> int:
+        history = self.history[worker]
+        for pos in range(len(history) - 1, -1, -1):
+            if history[pos] is record:
+                return pos
+        return -1
+
+
+class Attribution:
+    """Per loader index with a worker board: its records, joined with each chunk of steps."""
+
+    def __init__(self) -> None:
+        self.loaders: dict[int, LoaderRecords] = {}
+
+    def use_boards(self, loaders: list[dict]) -> None:
+        """From a batch header's loaders: open the rings of those that have a board."""
+        for index, loader in enumerate(loaders):
+            board = loader.get("board")
+            current = self.loaders.get(index)
+            if not board or (current is not None and current.reader.path == str(board[0])):
+                continue
+            try:
+                self.loaders[index] = LoaderRecords(board, loader.get("config"))
+            except (OSError, ValueError, TypeError) as exc:  # the board is gone: no attribution
+                _errors.error("board", "starvewatch: no per-batch worker records for %r: %s", loader.get("name"), exc)
+
+    def add(self, cols: dict, totals_of) -> None:
+        """Attribute the waits of a chunk of steps (records.columns) into `totals_of(index)`."""
+        if not self.loaders:
+            return
+        try:
+            self._add(cols, totals_of)
+        except Exception as exc:  # a shape nobody foresaw: these steps stay unattributed
+            _errors.error(type(exc).__name__, "starvewatch: attributing waits: %r", exc)
+
+    def _add(self, cols: dict, totals_of) -> None:
+        indexes, steps, waits = cols["index"], cols["step"], cols["wait_ns"]
+        keys, _, t_ret, _, nested, _ = cols["lanes"]
+        pulled = set()
+        for i, index in enumerate(indexes):
+            loader = self.loaders.get(index)
+            if loader is None:
+                continue
+            totals = totals_of(index)
+            if index not in pulled:
+                loader.pull(totals)
+                pulled.add(index)
+            b = t_ret[i]
+            a = b - waits[i]
+            extra = nested.get(i)
+            since = loader.epoch_start(keys[i][:2], extra[2] if extra and extra[1] > 0 else None)
+            found = loader.find(steps[i], b, since)
+            if found is None:
+                continue
+            worker, record = found
+            pos = loader.position(worker, record)
+            if pos < 0:
+                continue
+            stages = dict.fromkeys(WAIT_STAGES, 0)
+            owed = split(a, b, loader.history[worker], pos, stages)
+            totals.attributed_steps += 1
+            totals.attributed_wait_ns += b - a
+            for stage, ns in stages.items():
+                if ns:
+                    setattr(totals, f"wait_{stage}_ns", getattr(totals, f"wait_{stage}_ns") + ns)
+            per_worker = [0] * (worker + 1)
+            per_worker[worker] = owed
+            add_per_worker(totals.worker_wait_ns, per_worker)
+            if loader.in_order and owed > 0:
+                ready = loader.ready_before(steps[i], min(b, record[DONE]), since)
+                if ready is not None:
+                    hol = min(b, record[DONE]) - max(a, ready)
+                    if hol > 0:
+                        totals.hol_wait_ns += hol
+                        per_worker[worker] = hol
+                        add_per_worker(totals.worker_hol_ns, per_worker)
+
+    def close(self) -> None:
+        for loader in self.loaders.values():
+            loader.reader.close()

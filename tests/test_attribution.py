@@ -1,0 +1,138 @@
+"""Issue 38 item 1: where each wait came from, by overlap. Real DataLoader workers (fork); the
+truth comes from outside starvewatch: the test times its own loop (each next()), the dataset
+and collate_fn stamp their own work into the batch (perf_counter_ns, the clock the workers and
+the loop share), and the test intersects the two itself."""
+from __future__ import annotations
+
+import time
+from time import perf_counter_ns
+
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+import starvewatch
+
+BATCH = 4
+WORKERS = 3
+SLOW_WORKER = 1
+
+
+def overlap(a: int, b: int, start: int, end: int) -> int:
+    return max(0, min(b, end) - max(a, start))
+
+
+class Stamped(Dataset):
+    """Each sample: its index, its worker, when its __getitem__ began and ended. Worker
+    SLOW_WORKER sleeps 10x longer than the others (`item_s`, 0 for all: a fast dataset)."""
+
+    def __init__(self, n: int, item_s: float, slow_worker: int | None) -> None:
+        self.n, self.item_s, self.slow_worker = n, item_s, slow_worker
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        t0 = perf_counter_ns()
+        info = get_worker_info()
+        worker = info.id if info is not None else -1
+        if self.item_s:
+            time.sleep(self.item_s * (10 if worker == self.slow_worker else 1))
+        return torch.tensor([i, worker, t0, perf_counter_ns()], dtype=torch.int64)
+
+
+def slow_collate(samples):
+    """The default collate, 30 ms slower, stamping its own start and end into the batch's
+    last row (one tensor: one shared-memory hand-over, as for the default collate)."""
+    c0 = perf_counter_ns()
+    time.sleep(0.03)
+    batch = torch.stack(samples)
+    return torch.cat([batch, torch.tensor([[-1, -1, c0, perf_counter_ns()]])])
+
+
+def timed_loop(loader, name: str) -> list[tuple[int, int, object]]:
+    """(wait start, wait end, batch) per step, as the loop itself saw them: the first wait
+    starts at iter() (the workers' start-up is the loop's wait too)."""
+    out = []
+    t_call = perf_counter_ns()
+    it = iter(starvewatch.watch(loader, name))
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return out
+        t_ret = perf_counter_ns()
+        out.append((t_call, t_ret, batch))
+        time.sleep(0.001)  # a short step: the loop waits for the workers
+        t_call = perf_counter_ns()
+
+
+def test_a_slow_worker_is_named_with_its_share_and_its_stage(collector, monkeypatch):
+    c = collector()
+    monkeypatch.setenv("STARVEWATCH_URL", c.url)
+    loader = DataLoader(Stamped(WORKERS * BATCH * 16, 0.003, SLOW_WORKER), batch_size=BATCH,
+                        num_workers=WORKERS)
+    steps = timed_loop(loader, "skewed")
+    total = sum(b - a for a, b, _ in steps)
+    # Truth: per worker, the loop's waits for its batches up to the batch's last sample (after
+    # that, the hand-over is the main process's); the part inside the batch's own fetch.
+    owed = [0] * WORKERS
+    fetching = 0
+    for a, b, batch in steps:
+        worker = int(batch[0, 1])
+        start, end = int(batch[:, 2].min()), int(batch[:, 3].max())
+        owed[worker] += max(0, min(b, end) - a)
+        fetching += overlap(a, b, start, end)
+    summary = starvewatch.finish()
+    run_id = summary["run"]["id"]
+
+    [loader_summary] = summary["loaders"]
+    attribution = loader_summary["attribution"]
+    assert attribution["steps"] == len(steps) == 16 * WORKERS
+    assert attribution["coverage"] > 0.95
+    assert attribution["top_worker"] == SLOW_WORKER, attribution["workers"]
+    truth = owed[SLOW_WORKER] / total
+    assert truth > 0.4, (truth, owed)  # the scenario: the slow worker holds the loop back
+    shares = [w["share"] for w in attribution["workers"]]
+    assert abs(shares[SLOW_WORKER] - truth) < 0.10, (shares, [o / total for o in owed])
+    assert attribution["top_stage"] == "fetch", attribution["stages"]
+    assert abs(attribution["stages"]["fetch"]["share"] - fetching / total) < 0.10, (attribution["stages"], fetching / total)
+    # Intersections, not sums: the stages and the workers add up to the wait, never more.
+    assert abs(sum(s["share"] for s in attribution["stages"].values()) - 1.0) < 1e-6
+    assert abs(sum(shares) + attribution["main_process_share"] - 1.0) < 1e-6
+    # Each worker's own batch time: the slow one's is the longest, every batch counted.
+    assert attribution["worker_batches"] == [16] * WORKERS
+    batch_ms = attribution["worker_batch_ms"]
+    assert batch_ms[SLOW_WORKER] > 3 * max(ms for w, ms in enumerate(batch_ms) if w != SLOW_WORKER), batch_ms
+
+    # The collector holds the same figures (the loaders' totals went over the wire).
+    remote = c.get(f"/api/v1/runs/{run_id}/summary")
+    [remote_loader] = remote["loaders"]
+    assert remote_loader["attribution"]["workers"] == attribution["workers"]
+    assert remote_loader["attribution"]["stages"] == attribution["stages"]
+
+
+def test_a_slow_collate_fn_is_named_with_its_share():
+    # One worker: every batch's collate is in the loop's way; 32 batches outweigh the
+    # worker's start-up (the first step's wait).
+    loader = DataLoader(Stamped(BATCH * 32, 0.0, None), batch_size=BATCH, num_workers=1,
+                        collate_fn=slow_collate)
+    steps = timed_loop(loader, "collating")
+    total = sum(b - a for a, b, _ in steps)
+    collating = sum(overlap(a, b, int(batch[-1, 2]), int(batch[-1, 3])) for a, b, batch in steps)
+    summary = starvewatch.finish()
+
+    attribution = summary["loaders"][0]["attribution"]
+    assert attribution["steps"] == len(steps)
+    assert attribution["top_stage"] == "collate", attribution["stages"]
+    assert collating / total > 0.4, collating / total
+    assert abs(attribution["stages"]["collate"]["share"] - collating / total) < 0.10, (
+        attribution["stages"], collating / total)
+    assert attribution["stages"]["fetch"]["share"] < 0.1
+
+
+def test_a_loader_without_workers_has_no_attribution():
+    loader = DataLoader(Stamped(16, 0.0, None), batch_size=BATCH)
+    for _ in starvewatch.watch(loader, "inline"):
+        pass
+    summary = starvewatch.finish()
+    assert summary["loaders"][0]["attribution"] is None
