@@ -17,6 +17,7 @@ from time import perf_counter_ns as _now
 from time import process_time_ns, thread_time_ns
 
 from .introspect import leading_dim
+from .profiler_marks import track as track_for_profiler
 # The records appended below are laid out as record_layout.py says (FAST_RECORD_LEN from the
 # fast path, FULL_RECORD_LEN from the general one): delivery reads them by those positions.
 from ..record_layout import ENDED_KEYS, FAST_RECORD_LEN, FULL_RECORD_LEN, Segment  # noqa: F401
@@ -72,7 +73,7 @@ class WatchedIterator:
                  "_step_used", "_in_step", "_phases", "_bs", "_first", "_probe_bs", "_startup",
                  "_parents", "_t_epoch", "_gpu", "_token", "_ended", "_wref",
                  "_cpu_probe", "_times", "_segment", "_reads_left", "_t_wait",
-                 "_spans", "_active", "__weakref__")
+                 "_spans", "_active", "_sw_profile_name", "__weakref__")
 
     # What a segment's clock reads are kept in: a list (the Python core) or the compiled core's
     # _ccore.Times (int64 reads, ints made when the shipper reads them); hooks/core.py sets it.
@@ -560,7 +561,9 @@ class WatchedIterable:
 
     def __iter__(self):
         obj = self._sw_obj
-        return start_epoch(self._sw_state, lambda: iter(obj))
+        epoch = start_epoch(self._sw_state, lambda: iter(obj))
+        track_for_profiler(epoch, obj, self._sw_state.name)  # per epoch: a profiler sees its next()
+        return epoch
 
     def __len__(self):
         return len(self._sw_obj)
