@@ -89,6 +89,9 @@ def cmd_export(args, source) -> int:
     from .monitor.outputs.export import export
     from .monitor.storage.sources import resolve_run
     run_id = resolve_run(source, args.run)
+    if args.format == "trace":
+        from .monitor.outputs.trace_cli import write_trace
+        return write_trace(source, run_id, args)
     if args.output and args.output != "-":
         try:
             out = open(args.output, "w", newline="" if args.format == "csv" else None, encoding="utf-8")
@@ -526,10 +529,16 @@ def _add_import(sub) -> None:
 
 
 def _add_export(sub) -> None:
-    exp = sub.add_parser("export", help="write a run as JSON, CSV, Markdown or self-contained HTML")
+    exp = sub.add_parser("export", help="write a run as JSON, CSV, Markdown, self-contained HTML or a "
+                                        "Chrome/Perfetto trace")
     exp.add_argument("run", help="run id, unique id prefix, run name, or 'latest'")
-    exp.add_argument("--format", "-f", choices=("json", "csv", "md", "html"), default="json")
+    exp.add_argument("--format", "-f", choices=("json", "csv", "md", "html", "trace"), default="json")
     exp.add_argument("-o", "--output", help="file to write (default: standard output)")
+    exp.add_argument("--steps", help="trace: the steps A:B of each epoch (either side may be empty)")
+    exp.add_argument("--window", help="trace: seconds S:E since the run's first step")
+    exp.add_argument("--rank", type=int, help="trace: one rank only")
+    exp.add_argument("--merge", metavar="PROFILER_TRACE",
+                     help="trace: put the tracks into this torch.profiler (Kineto) JSON trace")
     _source_options(exp)
     exp.set_defaults(func=cmd_export)
 

@@ -99,6 +99,7 @@ class Session:
         self.rank, self.world_size, self.local_rank = ranks["rank"], ranks["world_size"], ranks["local_rank"]
         self.pid = os.getpid()
         self.thread_id = threading.get_ident()  # the training thread, for stall detection
+        self.native_tid = threading.get_native_id()  # the profiler's id of it (the trace export)
         self.stream_id = safe_id(f"{socket.gethostname()}-{self.pid}-{secrets.token_hex(4)}")
         self.started_at = time.time()
         self.ended_at: float | None = None
@@ -205,7 +206,7 @@ class Session:
             self._meta = run_metadata(self.name, self.run_id)
         meta = dict(self._meta)
         meta.update(started_at=self.started_at, ended_at=self.ended_at,
-                    status="live" if self.active else "finished")
+                    status="live" if self.active else "finished", tid=self.native_tid)
         return meta
 
     def on_shipper_start(self, shipper) -> None:

@@ -30,6 +30,10 @@ _errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
 
 (IDX, WAIT_START, GOT, FETCH, C0, C1, DONE, FLAGS) = range(8)
 KEEP = RING  # records kept per worker: a few seconds of the fastest worker
+# Records shipped to the collector (for `starvewatch export -f trace`): at most SHIP_MAX per
+# loader and run, at most SHIP_PER_BATCH per batch; the rest is counted, not shipped.
+SHIP_MAX = 100_000
+SHIP_PER_BATCH = 4096
 EPOCHS_KEPT = 64  # epoch starts remembered (per loader, epoch, thread)
 
 
@@ -91,6 +95,9 @@ class LoaderRecords:
         self.by_idx: dict[int, list] = {}
         self.arrivals: list = []  # (done, worker, record) heap: in_order=False's hand-over order
         self.epoch_starts: dict = {}
+        self.outbox: list = []  # (worker, record) to ship with the next batch
+        self.shipped = 0
+        self.unshipped = 0
 
     def pull(self, totals) -> None:
         """The records written since the last pull; each worker's batch count and time."""
@@ -106,6 +113,10 @@ class LoaderRecords:
                 heapq.heappush(self.arrivals, (r[DONE], worker, r))
             batches[worker] += 1
             busy[worker] += r[DONE] - r[GOT]
+            if self.shipped + len(self.outbox) < SHIP_MAX and len(self.outbox) < SHIP_PER_BATCH:
+                self.outbox.append((worker, r))
+            else:
+                self.unshipped += 1
         add_per_worker(totals.worker_batches, batches)
         add_per_worker(totals.worker_batch_ns, busy)
         if len(self.by_idx) > 4 * KEEP or len(self.arrivals) > KEEP * workers:
@@ -227,6 +238,29 @@ class Attribution:
                         totals.hol_wait_ns += hol
                         per_worker[worker] = hol
                         add_per_worker(totals.worker_hol_ns, per_worker)
+
+    def take_shipped(self, names: list[str], wall_offset_ns: int) -> dict | None:
+        """The worker records read since the last batch, as wire columns (wall-clock ns), or
+        None when there are none."""
+        cols: dict = {"loader": [], "worker": [], "idx": [], "wait_start_ns": [], "got_ns": [],
+                      "fetch_start_ns": [], "collate_start_ns": [], "collate_end_ns": [], "done_ns": []}
+        unshipped = 0
+        for index, loader in self.loaders.items():
+            unshipped += loader.unshipped
+            if not loader.outbox or index >= len(names):
+                continue
+            outbox, loader.outbox = loader.outbox, []
+            loader.shipped += len(outbox)
+            cols["loader"] += [names[index]] * len(outbox)
+            cols["worker"] += [w for w, _ in outbox]
+            cols["idx"] += [r[IDX] for _, r in outbox]
+            for name, i in (("wait_start_ns", WAIT_START), ("got_ns", GOT), ("fetch_start_ns", FETCH),
+                            ("collate_start_ns", C0), ("collate_end_ns", C1), ("done_ns", DONE)):
+                cols[name] += [r[i] + wall_offset_ns if r[i] else 0 for _, r in outbox]
+        if not cols["loader"]:
+            return None
+        cols["unshipped"] = unshipped
+        return cols
 
     def close(self) -> None:
         for loader in self.loaders.values():

@@ -303,7 +303,11 @@ class LocalPipeline:
                    for index, loader in enumerate(header["loaders"])]
         steps = {name: batch[name] if batch else [] for name in STEP_COLUMNS}
         book.seq = header["seq"]
-        return {**header, "loaders": loaders, "steps": steps, "phases": batch["phases"] if batch else []}
+        payload = {**header, "loaders": loaders, "steps": steps, "phases": batch["phases"] if batch else []}
+        shipped = book.attribution.take_shipped([loader["name"] for loader in loaders], self.wall_offset_ns)
+        if shipped is not None:  # the workers' batch records, for the trace (attribution.py)
+            payload["worker_batches"] = shipped
+        return payload
 
     def deliver_built(self, payload: dict, header: dict, deadline: float | None = None) -> int:
         """Deliver a batch from `build`, with the account as it stands now (every batch

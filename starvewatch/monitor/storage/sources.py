@@ -57,6 +57,13 @@ class LocalSource:
         self._call(self.query.detail, run_id)
         return csv_chunks(run_id, export_rows(self.store, run_id, 20_000))
 
+    def trace(self, run_id: str, steps: str | None = None, window: str | None = None,
+              rank: int | None = None) -> dict:
+        """The run as a Chrome trace (monitor/outputs/trace_export.py)."""
+        from ..outputs.trace_export import build_trace
+        self._call(self.query.detail, run_id)
+        return build_trace(self.store, run_id, steps=steps, window=window, rank=rank)
+
     def series(self, run_id: str, loader: str | None = None, points: int = 500) -> dict:
         return self._call(self.query.rollup_series, run_id, loader=loader, points=points)
 
@@ -165,6 +172,11 @@ class RemoteSource:
                 yield from response.iter_bytes()
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
+
+    def trace(self, run_id: str, steps: str | None = None, window: str | None = None,
+              rank: int | None = None) -> dict:
+        return self._get(f"/api/v1/runs/{url_segment(run_id)}/export", format="trace", steps=steps,
+                         window=window, rank=rank)
 
     def series(self, run_id: str, loader: str | None = None, points: int = 500) -> dict:
         return self._get(f"/api/v1/runs/{url_segment(run_id)}/series", loader=loader, points=points)

@@ -133,6 +133,10 @@ class Store:
                                   [(batch.run_id, batch.rank, *p) for p in batch.phases])
                 events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
                           for e in getattr(batch, kind)]
+                if batch.worker_batches is not None and not stored and first == 0:
+                    # Repeated in every part of a split batch: kept once, from the first.
+                    records = batch.worker_batches.model_dump()
+                    events.append(("worker_batches", {"t_ns": min(records["done_ns"] or [0]), **records}))
                 if events:
                     w.executemany("INSERT INTO events (run_id, rank, kind, t_ns, data) VALUES (?, ?, ?, ?, ?)",
                                   [(batch.run_id, batch.rank, kind, int(e.get("t_ns") or time.time_ns()),

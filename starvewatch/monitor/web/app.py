@@ -352,14 +352,27 @@ def _export_routes(app: FastAPI, state: dict) -> None:
     """A run as a file: JSON, CSV (streamed), Markdown or HTML."""
 
     @app.get("/api/v1/runs/{run_id}/export")
-    def export_run(run_id: str, format: str = Q("json", pattern="^(json|csv|md|html)$")):
+    def export_run(run_id: str, format: str = Q("json", pattern="^(json|csv|md|html|trace)$"),
+                   steps: str | None = Q(None, max_length=50, pattern=r"^\d*:\d*$"),
+                   window: str | None = Q(None, max_length=50, pattern=r"^[0-9.]*:[0-9.]*$"),
+                   rank: int | None = Q(None, ge=0, le=2**31)):
         """The run as a file to download: `json` (the summary), `csv` (one row per step, streamed),
-        `md` (a report) or `html` (one self-contained report with charts, opens offline).
+        `md` (a report), `html` (one self-contained report with charts, opens offline) or `trace`
+        (a Chrome/Perfetto timeline; `steps` A:B or `window` S:E seconds, `rank`).
 
         Example: `curl -OJ 'http://127.0.0.1:8412/api/v1/runs/RUN_ID/export?format=csv'`."""
         from ..outputs.export import csv_chunks, export_text
         from ..storage.sources import LocalSource, SourceError
         source = LocalSource(state["store"], "this collector")
+        if format == "trace":  # a Chrome trace / Perfetto timeline (outputs/trace_export.py)
+            try:
+                trace = source.trace(run_id, steps=steps, window=window, rank=rank)
+            except SourceError as exc:
+                raise NotFound(str(exc)) from None
+            except ValueError as exc:
+                raise HTTPException(400, str(exc)) from None
+            return Response(orjson.dumps(trace), media_type="application/json", headers={
+                "Content-Disposition": content_disposition(f"starvewatch-{run_id}.trace.json")})
         media = {"json": "application/json", "csv": "text/csv", "md": "text/markdown",
                  "html": "text/html"}[format]
         headers = {"Content-Disposition": content_disposition(f"starvewatch-{run_id}.{format}")}

@@ -187,6 +187,33 @@ class Stall(Open):
     workers: list[WorkerInfo] = Field(default_factory=list, max_length=10_000)
 
 
+MAX_WORKER_BATCHES = 4096  # hooks/delivery/attribution.py SHIP_PER_BATCH
+WorkerBatchNs = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
+class WorkerBatches(Strict):
+    """The DataLoader workers' per-batch records read since the last batch (issue 38), as
+    columns: wall-clock ns (0: not recorded, e.g. no collate_fn call), for the trace export."""
+
+    loader: list[Name] = Field(default_factory=list, max_length=MAX_WORKER_BATCHES)
+    worker: list[Annotated[int, Field(ge=0, lt=PER_WORKER_MAX)]] = Field(default_factory=list, max_length=MAX_WORKER_BATCHES)
+    idx: list[NonNegInt] = Field(default_factory=list, max_length=MAX_WORKER_BATCHES)
+    wait_start_ns: list[WorkerBatchNs] = Field(default_factory=list, max_length=MAX_WORKER_BATCHES)
+    got_ns: list[WorkerBatchNs] = Field(default_factory=list, max_length=MAX_WORKER_BATCHES)
+    fetch_start_ns: list[WorkerBatchNs] = Field(default_factory=list, max_length=MAX_WORKER_BATCHES)
+    collate_start_ns: list[WorkerBatchNs] = Field(default_factory=list, max_length=MAX_WORKER_BATCHES)
+    collate_end_ns: list[WorkerBatchNs] = Field(default_factory=list, max_length=MAX_WORKER_BATCHES)
+    done_ns: list[WorkerBatchNs] = Field(default_factory=list, max_length=MAX_WORKER_BATCHES)
+    unshipped: NonNegInt = 0  # records past the per-run cap, counted only
+
+    @model_validator(mode="after")
+    def same_length(self) -> "WorkerBatches":
+        names = [n for n in type(self).model_fields if n != "unshipped"]
+        if len({len(getattr(self, n)) for n in names}) > 1:
+            raise ValueError("worker_batches columns differ in length")
+        return self
+
+
 class LoaderInfo(Strict):
     name: Name
     kind: str | None = None
@@ -250,6 +277,8 @@ class EventBatch(Strict):
     # A part of a batch split to fit the limits (starvewatch/batch_parts.py): the records
     # [first, end) of the batch's steps, samples, workers and stalls, counted in that order.
     part: tuple[Annotated[int, Field(ge=0, le=2**53)], Annotated[int, Field(ge=0, le=2**53)]] | None = None
+    # The workers' per-batch records (issue 38), stored once per batch (by its first part).
+    worker_batches: WorkerBatches | None = None
 
     def record_range(self) -> tuple[int, int]:
         count = len(self.steps) + len(self.samples) + len(self.workers) + len(self.stalls)

@@ -1,0 +1,90 @@
+"""Issue 38 item 3: `starvewatch export RUN -f trace`, alone and merged into a real
+torch.profiler trace (CPU): the wait slice of step k lies inside the profiler's
+ProfilerStep#k, on its thread. The real CLI reads the run offline from the spool."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from torch.profiler import ProfilerActivity, profile, schedule
+from torch.utils.data import DataLoader, Dataset
+
+import starvewatch
+
+
+class Slow(Dataset):
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return i
+
+
+def cli(*args, env_dir) -> subprocess.CompletedProcess:
+    env = {**os.environ, "STARVEWATCH_DIR": str(env_dir), "STARVEWATCH_URL": "off"}
+    return subprocess.run([sys.executable, "-m", "starvewatch", "export", "latest", "-f", "trace",
+                           "--spool", str(env_dir / "spool"), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_trace_alone_and_merged_into_a_profiler_trace(isolated_starvewatch, tmp_path):
+    profiler_path = tmp_path / "profiler.json"
+    loader = starvewatch.watch(DataLoader(Slow(), batch_size=4, num_workers=2), "train")
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=8, repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(profiler_path))) as prof:
+        for _ in loader:
+            time.sleep(0.002)
+            prof.step()
+    starvewatch.finish()
+
+    done = cli("-o", str(tmp_path / "alone.json"), env_dir=isolated_starvewatch)
+    assert done.returncode == 0, done.stderr
+    alone = json.loads((tmp_path / "alone.json").read_text())
+    events = alone["traceEvents"]
+    waits = [e for e in events if e.get("cat") == "starvewatch.wait"]
+    assert len(waits) == 12 and len([e for e in events if e.get("cat") == "starvewatch.compute"]) == 12
+    assert [e for e in events if e.get("cat") == "starvewatch.epoch"]
+    fetch_tracks = {(e["pid"], e["tid"]) for e in events if e.get("cat") == "starvewatch.fetch"}
+    assert len(fetch_tracks) == 2  # one track per worker
+    assert len([e for e in events if e.get("cat") == "starvewatch.fetch"]) == 12
+    assert alone["starvewatch"]["truncated"] is False
+    [rank0] = alone["starvewatch"]["ranks"].values()
+    assert rank0["pid"] == os.getpid()
+
+    # A step range, then the merge.
+    done = cli("--steps", "2:4", "-o", str(tmp_path / "range.json"), env_dir=isolated_starvewatch)
+    assert done.returncode == 0, done.stderr
+    ranged = json.loads((tmp_path / "range.json").read_text())
+    assert sorted(e["args"]["step"] for e in ranged["traceEvents"] if e.get("cat") == "starvewatch.wait") == [2, 3, 4]
+
+    done = cli("--merge", str(profiler_path), "-o", str(tmp_path / "merged.json"), env_dir=isolated_starvewatch)
+    assert done.returncode == 0, done.stderr
+    merged = json.loads((tmp_path / "merged.json").read_text())["traceEvents"]
+    steps = {e["name"]: e for e in merged if str(e.get("name", "")).startswith("ProfilerStep#")}
+    assert len(steps) >= 8, sorted(steps)
+    checked = 0
+    for e in merged:
+        if e.get("cat") != "starvewatch.wait":
+            continue
+        step = steps.get(f"ProfilerStep#{e['args']['step']}")
+        if step is None:  # the warm-up step is not in the profiler's trace
+            continue
+        assert (e["pid"], e["tid"]) == (step["pid"], step["tid"])
+        assert step["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"], (e, step)
+        checked += 1
+    assert checked >= 8
+
+
+def test_bad_ranges_and_bad_profiler_traces_are_one_line(isolated_starvewatch, tmp_path):
+    for _ in starvewatch.watch(list(range(4)), "tiny"):
+        pass
+    starvewatch.finish()
+    done = cli("--steps", "x", env_dir=isolated_starvewatch)
+    assert done.returncode == 2 and "START:END" in done.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"traceEvents": 3}')
+    done = cli("--merge", str(broken), env_dir=isolated_starvewatch)
+    assert done.returncode == 1 and "cannot merge" in done.stderr and "Traceback" not in done.stderr
