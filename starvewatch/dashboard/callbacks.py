@@ -121,6 +121,8 @@ def run_view(query, run_id: str, loader: str | None) -> dict:
         "ranks": views.ranks_panel(per_rank, stragglers)
         or html.P("One rank."),
         "config": answer_card.config_table(summary),
+        # Who made the loop wait: per stage and per worker (analysis/wait_attribution.py).
+        "attribution": figures.wait_attribution(next((l for l in summary["loaders"] if l["name"] == loader), None)),
     }
 
 
@@ -194,7 +196,7 @@ def compare_result(query, a: str, b: str) -> html.Div:
 
 
 OUTPUTS = ("title", "banner", "recommendations", "advice", "kpis", "loader_options", "loader", "timeline",
-           "fraction", "system", "histogram", "compute_histogram", "workers", "ranks", "config")
+           "fraction", "system", "histogram", "compute_histogram", "workers", "ranks", "config", "attribution")
 
 
 def view_digest(view: dict) -> str:
@@ -262,7 +264,7 @@ def register(app, get_query) -> None:
         Output("timeline-graph", "figure"), Output("fraction-graph", "figure"), Output("system-graph", "figure"),
         Output("histogram-graph", "figure"), Output("compute-histogram-graph", "figure"),
         Output("workers", "children"), Output("ranks", "children"), Output("config", "children"),
-        Output("run-view-digest", "data"),
+        Output("attribution-graph", "figure"), Output("run-view-digest", "data"),
         Input("tick", "data"), Input("loader-select", "value"), State("run-id", "data"),
         State("run-view-digest", "data"))
     async def refresh_run(_tick, loader, run_id, drawn):

@@ -63,7 +63,8 @@ def run_page(run_id: str) -> html.Div:
 
     exports = html.Div([html.Span("Export: ")] + [
         html.A(label, href=f"/api/v1/runs/{url_segment(run_id)}/export?format={fmt}", download="", id=f"export-{fmt}")
-        for label, fmt in (("JSON", "json"), ("CSV", "csv"), ("Markdown", "md"), ("HTML report", "html"))],
+        for label, fmt in (("JSON", "json"), ("CSV", "csv"), ("Markdown", "md"), ("HTML report", "html"),
+                           ("Trace (Perfetto)", "trace"))],
         className="sw-exports")
     return html.Div([
         dcc.Store(id="run-id", data=run_id),
@@ -79,7 +80,8 @@ def run_page(run_id: str) -> html.Div:
                   dcc.Dropdown(id="loader-select", clearable=False, style={"width": "240px", "display": "inline-block"})],
                  className="sw-card"),
         html.Div([graph("timeline-graph"), graph("fraction-graph"), graph("histogram-graph"),
-                  graph("compute-histogram-graph"), graph("system-graph")], className="sw-grid"),
+                  graph("compute-histogram-graph"), graph("attribution-graph"), graph("system-graph")],
+                 className="sw-grid"),
         html.Div(id="workers"),
         html.Div([html.H3("Ranks"), html.Div(id="ranks")], className="sw-card", id="ranks-card"),
         html.Div(exports, className="sw-card"),

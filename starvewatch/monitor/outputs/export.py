@@ -10,7 +10,7 @@ import re
 
 from ...analysis.findings import finding_line
 from ...analysis.findings.stall_text import stall_where
-from .markdown_sections import straggler_lines, tuning_lines
+from .markdown_sections import attribution_lines, straggler_lines, tuning_lines
 from .markdown_text import md_block, md_code, md_text, readable_time
 from ...quantities import speedup_text
 from ...analysis.diagnosis import joint_changes_note
@@ -117,6 +117,7 @@ def to_markdown(summary: dict) -> str:
         if code:
             lines += ["", *md_block(f"{l['name']}_loader = {code}" if is_call(code) else
                                     f"# {l['name']}: set in your own DataLoader(...) call\n{code}", "python")]
+    lines += attribution_lines(summary)
     if summary.get("stalls"):
         lines += ["", "## Stalls", ""]
         for s in summary["stalls"]:
@@ -323,7 +324,7 @@ code,pre{background:#f5f5f5;padding:2px 4px}pre{padding:8px}li{margin:4px 0}.mor
 
 
 def report_figures(step_series: dict[str, dict], series: dict, samples: list[dict],
-                   distributions: dict[str, dict] | None = None) -> list:
+                   distributions: dict[str, dict] | None = None, attributed: list[dict] | None = None) -> list:
     """The HTML report's charts. Each loader's wait histogram is drawn from its mergeable
     histograms (Query.distributions, the ones the summary's percentiles use, kept when a run's
     rows are folded): every step's wait, the same before and after a fold. Never from bucket
@@ -335,6 +336,7 @@ def report_figures(step_series: dict[str, dict], series: dict, samples: list[dic
         figs.append(figures.step_timeline(s, title=f"{name}: wait vs compute per step"))
         dist = (distributions or {}).get(name) or {}
         figs.append(figures.distribution_histogram(dist.get("wait") or {}, f"{name}: wait per batch"))
+    figs += [figures.wait_attribution(l) for l in attributed or ()]
     figs.append(figures.system_over_time(samples))
     return figs
 
@@ -344,7 +346,8 @@ def render_html(summary: dict, step_series: dict[str, dict], series: dict, sampl
     """`distributions`: per loader, its Query.distributions answer (the wait histograms)."""
     import plotly.io as pio
 
-    figs = report_figures(step_series, series, samples, distributions)
+    figs = report_figures(step_series, series, samples, distributions,
+                          [l for l in summary["loaders"] if l.get("attribution")])
     charts = "\n".join(pio.to_html(fig, include_plotlyjs=(i == 0), full_html=False,
                                    config={"displaylogo": False}, div_id=f"chart-{i}")
                        for i, fig in enumerate(figs))

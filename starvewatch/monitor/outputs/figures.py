@@ -31,6 +31,27 @@ def _translucent(color: str, alpha: float = 0.22) -> str:
     return f"rgba({red},{green},{blue},{alpha})"
 
 
+def wait_attribution(loader: dict | None, title: str = "Who made the loop wait") -> go.Figure:
+    """A loader summary's `attribution` (analysis/wait_attribution.py): one bar per stage and
+    one per worker (plus the main process's hand-over), each its share of the attributed wait."""
+    name = (loader or {}).get("name") or ""
+    full = _text(f"{name}: {title}") if name else _text(title)
+    attribution = (loader or {}).get("attribution")
+    if not attribution:
+        return _empty(f"{name}: {title}" if name else title, "no per-batch worker records (no DataLoader workers yet)")
+    from ...analysis.wait_attribution import STAGE_TEXT
+    stages = [(s, v["share"]) for s, v in attribution["stages"].items() if v["share"] > 0 or s != "unknown"]
+    workers = [(f"worker {w['worker']}", w["share"]) for w in attribution["workers"]]
+    fig = go.Figure(layout=dict(title=full, yaxis=dict(title="share of the wait", tickformat=".0%",
+                                                        rangemode="tozero"), **LAYOUT))
+    fig.add_trace(go.Bar(x=[s for s, _ in stages], y=[v for _, v in stages], name="stage",
+                         marker_color=WAIT_COLOR, hovertext=[STAGE_TEXT.get(s, s) for s, _ in stages]))
+    fig.add_trace(go.Bar(x=[w for w, _ in workers] + ["main process"],
+                         y=[v for _, v in workers] + [attribution["main_process_share"]],
+                         name="worker", marker_color=COMPUTE_COLOR))
+    return fig
+
+
 def step_timeline(series: dict, title: str = "Wait vs compute per step") -> go.Figure:
     """Per bucket of steps (Query.step_series), the mean wait and compute as lines, each over its
     min-max band: every step's extremes, from raw rows or from the rollups of a folded run, so

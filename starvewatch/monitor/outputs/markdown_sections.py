@@ -24,6 +24,35 @@ def straggler_lines(result: dict | None) -> list[str]:
     return lines
 
 
+def attribution_lines(summary: dict) -> list[str]:
+    """'Where the waits came from': per loader with an attribution, its shares per stage and
+    per worker (analysis/wait_attribution.py; docs/what-it-measures.md defines the stages)."""
+    from ...analysis.wait_attribution import STAGE_TEXT
+    from .markdown_text import md_text
+    loaders = [l for l in summary.get("loaders") or () if l.get("attribution")]
+    if not loaders:
+        return []
+    lines = ["", "## Where the waits came from", ""]
+    for l in loaders:
+        a = l["attribution"]
+        coverage = f", {a['coverage'] * 100:.0f}% of its wait" if a.get("coverage") is not None else ""
+        lines += [f"**{md_text(l['name'])}** ({a['steps']} steps attributed{coverage}):", "",
+                  "| stage | share of the wait | ms |", "|---|---:|---:|"]
+        lines += [f"| {stage} ({STAGE_TEXT.get(stage, stage)}) | {v['share'] * 100:.1f}% | {v['ms']:.1f} |"
+                  for stage, v in a["stages"].items() if v["ms"] > 0]
+        lines += ["", "| worker | share of the wait | head-of-line ms | batches | ms per batch |",
+                  "|---|---:|---:|---:|---:|"]
+        for w in a["workers"]:
+            n = w["worker"]
+            batches = a["worker_batches"][n] if n < len(a["worker_batches"]) else 0
+            per = a["worker_batch_ms"][n] if n < len(a["worker_batch_ms"]) else None
+            lines.append(f"| {n} | {w['share'] * 100:.1f}% | {w['head_of_line_ms']:.1f} | {batches} | "
+                         f"{_fmt(per)} |")
+        lines.append(f"| main process (hand-over) | {a['main_process_share'] * 100:.1f}% | | | |")
+        lines.append("")
+    return lines
+
+
 def tuning_lines(tuning: dict | None) -> list[str]:
     """The report section for stored tuning results (Markdown lines; empty when none)."""
     if not tuning:
