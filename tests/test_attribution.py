@@ -110,6 +110,30 @@ def test_a_slow_worker_is_named_with_its_share_and_its_stage(collector, monkeypa
     assert remote_loader["attribution"]["workers"] == attribution["workers"]
     assert remote_loader["attribution"]["stages"] == attribution["stages"]
 
+    # The exports carry it: Markdown (and the HTML report, made from it) and the dashboard's bars.
+    status, body = c.request("GET", f"/api/v1/runs/{run_id}/export?format=md")
+    assert status == 200
+    text = body.decode()
+    assert "## Where the waits came from" in text
+    slow_share = f"| {SLOW_WORKER} | {shares[SLOW_WORKER] * 100:.1f}% |"
+    assert slow_share in text, text
+    status, body = c.request("GET", f"/api/v1/runs/{run_id}/export?format=html")
+    assert status == 200 and b"Where the waits came from" in body and b"Who made the loop wait" in body
+    from starvewatch.dashboard import layout
+    from starvewatch.monitor.outputs import figures
+    fig = figures.wait_attribution(remote_loader)
+    stages, workers = fig.data
+    assert dict(zip(stages.x, stages.y))["fetch"] == attribution["stages"]["fetch"]["share"]
+    assert list(workers.x) == ["worker 0", "worker 1", "worker 2", "main process"]
+    assert list(workers.y) == shares + [attribution["main_process_share"]]
+    assert f"/api/v1/runs/{run_id}/export?format=trace" in str(layout.run_page(run_id))
+    status, body = c.request("GET", f"/api/v1/runs/{run_id}/export?format=trace&steps=0:5")
+    assert status == 200
+    import json
+    trace = json.loads(body)
+    assert len([e for e in trace["traceEvents"] if e.get("cat") == "starvewatch.wait"]) == 6
+    assert {e["args"]["worker"] for e in trace["traceEvents"] if e.get("cat") == "starvewatch.fetch"} == {0, 1, 2}
+
 
 def test_a_slow_collate_fn_is_named_with_its_share():
     # One worker: every batch's collate is in the loop's way; 32 batches outweigh the
@@ -136,3 +160,48 @@ def test_a_loader_without_workers_has_no_attribution():
         pass
     summary = starvewatch.finish()
     assert summary["loaders"][0]["attribution"] is None
+
+
+def test_head_of_line_blocking_is_named_and_in_order_false_advised_only_where_the_order_is_free():
+    shuffled = DataLoader(Stamped(WORKERS * BATCH * 12, 0.003, SLOW_WORKER), batch_size=BATCH,
+                          num_workers=WORKERS, shuffle=True)
+    ordered = DataLoader(Stamped(WORKERS * BATCH * 12, 0.003, SLOW_WORKER), batch_size=BATCH,
+                         num_workers=WORKERS)
+    timed_loop(shuffled, "shuffled")
+    timed_loop(ordered, "ordered")
+    summary = starvewatch.finish()
+
+    findings = {f["loader"]: f for f in summary["findings"] if f["kind"] == "head_of_line"}
+    assert set(findings) == {"shuffled", "ordered"}, summary["findings"]
+    for name, finding in findings.items():
+        assert finding["detail"]["worker"] == SLOW_WORKER
+        assert finding["detail"]["head_of_line_share"] >= 0.2
+        assert f"waited for worker {SLOW_WORKER}" in finding["title"]
+    assert findings["shuffled"]["detail"]["order_free"] is True
+    assert findings["ordered"]["detail"]["order_free"] is False
+    assert "may rely on the order" in findings["ordered"]["fix"]
+    advice = {r["loader"]: r for r in summary["recommendations"] if r["parameter"] == "in_order"}
+    assert set(advice) == {"shuffled"}, summary["recommendations"]
+    rec = advice["shuffled"]
+    assert (rec["current"], rec["suggested"], rec["kind"]) == (True, False, "speedup")
+    assert rec["expected_speedup"] > 1.2
+    assert "out of sampler order" in rec["reason"] and "skew the data distribution" in rec["reason"]
+
+
+def test_in_order_false_is_attributed_by_the_batch_handed_over_and_has_no_head_of_line():
+    loader = DataLoader(Stamped(WORKERS * BATCH * 12, 0.003, SLOW_WORKER), batch_size=BATCH,
+                        num_workers=WORKERS, shuffle=True, in_order=False)
+    steps = timed_loop(loader, "out_of_order")
+    total = sum(b - a for a, b, _ in steps)
+    owed = [0] * WORKERS
+    for a, b, batch in steps:
+        owed[int(batch[0, 1])] += max(0, min(b, int(batch[:, 3].max())) - a)
+    summary = starvewatch.finish()
+    attribution = summary["loaders"][0]["attribution"]
+    assert attribution["steps"] == len(steps)
+    assert attribution["head_of_line_ms"] == 0
+    assert not [f for f in summary["findings"] if f["kind"] == "head_of_line"]
+    assert not [r for r in summary["recommendations"] if r["parameter"] == "in_order"]
+    shares = [w["share"] for w in attribution["workers"]]
+    for worker in range(WORKERS):
+        assert abs(shares[worker] - owed[worker] / total) < 0.10, (shares, [o / total for o in owed])

@@ -122,6 +122,10 @@ def deeper_prefetch(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     prefetch = f.config.get("prefetch_factor") or 2
     if not f.bursty or not f.workers_keep_up or f.prefetch_needed <= prefetch:
         return []
+    from .findings.head_of_line import MIN_SHARE
+    attribution = f.part.get("attribution")
+    if attribution and attribution["head_of_line_share"] >= MIN_SHARE:
+        return []  # the "bursts" are one slow worker's pace in order: a deeper queue waits for it too
     return [proposal(f, "prefetch_factor", f.prefetch_needed,
                      f"waits come in bursts (p99 {f.p99_wait:.1f} ms vs median {f.median_wait:.2f} ms) while "
                      f"the workers keep up on average; a deeper queue absorbs them",
@@ -225,6 +229,31 @@ class Rule:
     propose: Callable[[LoaderFacts, Thresholds, dict], list[dict]]
 
 
+def out_of_order(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """Head-of-line blocking (findings/head_of_line.py) where torch has in_order (2.6+) and the
+    sampling makes the order free: hand batches over as they are ready. Predicted from the
+    measured per-worker batch times: the input time per batch becomes 1 / (sum of the
+    workers' rates) instead of the slowest worker's pace."""
+    from .findings.head_of_line import MIN_SHARE, order_free, skew
+    a = f.part.get("attribution")
+    if not a or f.config.get("in_order") is not True or a["head_of_line_share"] < MIN_SHARE \
+            or not order_free(f.config):
+        return []
+    s = skew(a)
+    if s is None:
+        return []
+    worker = max(a["workers"], key=lambda w: w["head_of_line_ms"])["worker"]
+    reason = (f"the loop waited for worker {worker} ({s['slowest_ms']:.1f} ms a batch against "
+              f"{s['fastest_ms']:.1f} ms for the fastest) while later batches were ready, "
+              f"{100 * a['head_of_line_share']:.0f}% of the wait; in_order=False hands over whichever batch is "
+              f"ready. Batches then arrive out of sampler order (torch warns this can skew the data "
+              f"distribution with imbalanced data) and are no longer assigned to workers in turn")
+    return [proposal(f, "in_order", False, reason,
+                     f.evidence(head_of_line_share=round(a["head_of_line_share"], 4),
+                                worker_batch_ms=[round(ms, 3) if ms else None for ms in a["worker_batch_ms"]]),
+                     what_if={"input_ms": s["out_of_order_ms"]})]
+
+
 RULES = (
     Rule("not_a_dataloader", "starved", not_a_dataloader),
     Rule("more_workers", "starved", more_workers),
@@ -234,6 +263,7 @@ RULES = (
     Rule("deeper_prefetch", "starved", deeper_prefetch),
     Rule("faster_storage", "starved", faster_storage),
     Rule("pin_memory", "starved", pin_memory),
+    Rule("out_of_order", "starved", out_of_order),
     Rule("cpu_oversubscribed", "any", cpu_oversubscribed),
     Rule("memory_budget", "any", memory_budget),
     Rule("larger_batches", "host_bound", larger_batches),

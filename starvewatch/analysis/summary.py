@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from ..schema import OLD_SUMMARY_SCHEMAS, SUMMARY_SCHEMA, band
 from ..stats import LoaderTotals, RecordStats
 from .findings import findings_from
+from .findings.head_of_line import head_of_line_findings
 from .wait_attribution import attribution_of
 
 
@@ -185,7 +186,8 @@ def summarize(run: dict, loaders: list[LoaderData], *, stalls=(), system: dict |
         "findings": findings_from(worker_events or [], {d.name: d.config for d in loaders}, system,
                                   waits={p["name"]: p["input_wait_fraction"] for p in loader_parts},
                                   world_size=run.get("world_size") or 1,
-                                  batches_per_s={p["name"]: p["batches_per_s"] for p in loader_parts}),
+                                  batches_per_s={p["name"]: p["batches_per_s"] for p in loader_parts})
+        + head_of_line_findings(loader_parts),
         "recommendations": [],
         "system": system,
     }

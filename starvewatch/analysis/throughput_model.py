@@ -339,7 +339,7 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     step; `handover_ms`: the main process's share of each batch; `resharded`: every configured
     worker serves, as after resharding into enough shards, else no more than the workers that
     served do; `others_cores`: other processes' busy cores; `unmeasured_scale`: the unmeasured
-    costs scaled). Divided by batch_scale, so ratios are per-sample speed-ups."""
+    costs scaled; `input_ms`: the workers' time per batch, measured per worker). Divided by batch_scale, so ratios are per-sample speed-ups."""
     what_if = what_if or {}
     scale = what_if.get("batch_scale", 1.0)
     before, after = f.config.get("batch_size"), config.get("batch_size")
@@ -357,7 +357,9 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     if workers == 0:
         step = compute + load
     else:
-        step = max(compute, load / serving)
+        # `input_ms`: the workers' time per batch as measured per worker and handed over out
+        # of order (rules.out_of_order), in place of the mean load spread over the workers.
+        step = max(compute, what_if["input_ms"] if "input_ms" in what_if else load / serving)
         # An epoch's start is the workers' spawn plus their first batch's load, which lighter
         # loading shortens too.
         startup = max(0.0, f.startup - f.load * (1 - what_if.get("load_scale", 1.0)))
