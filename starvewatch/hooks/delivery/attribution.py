@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections import deque
 
 from ...logonce import RateLimitedLog
 from ...stats import WAIT_STAGES, add_per_worker
@@ -37,10 +36,10 @@ SHIP_PER_BATCH = 4096
 EPOCHS_KEPT = 64  # epoch starts remembered (per loader, epoch, thread)
 
 
-def split(a: int, b: int, history, pos: int, stages: dict) -> int:
+def split(a: int, b: int, history: list, pos: int, stages: dict) -> int:
     """Add to `stages` the intersection of [a, b] with each stage of the batch
-    `history[pos]` (its worker's records in order, that batch's last); returns the part owed
-    to the worker (b - a less the hand-over)."""
+    `history[pos]` (its worker's records in order); returns the part owed to the worker
+    (b - a less the hand-over)."""
     r = history[pos]
     handover = max(0, b - max(a, r[DONE]))
     stages["handover"] += handover
@@ -81,6 +80,28 @@ def split(a: int, b: int, history, pos: int, stages: dict) -> int:
     return b - a - handover
 
 
+class WorkerHistory:
+    """One worker's records in order, as a list with a moving start: records are named by
+    their position since the first (stable while kept), so a lookup is one subtraction."""
+
+    __slots__ = ("records", "start")
+
+    def __init__(self) -> None:
+        self.records: list = []
+        self.start = 0  # position of records[0]
+
+    def append(self, record) -> int:
+        self.records.append(record)
+        if len(self.records) > 2 * KEEP:  # bounded: the oldest KEEP go
+            del self.records[:KEEP]
+            self.start += KEEP
+        return self.start + len(self.records) - 1
+
+    def get(self, position: int):
+        i = position - self.start
+        return self.records[i] if 0 <= i < len(self.records) else None
+
+
 class LoaderRecords:
     """One loader's worker records as they are read from its board, for the join."""
 
@@ -91,9 +112,9 @@ class LoaderRecords:
         self.in_order = config.get("in_order", True) is not False
         # Batches in flight at most: later ones cannot be ready during a wait.
         self.window = max(1, int(workers) * int(config.get("prefetch_factor") or 2))
-        self.history: list[deque] = [deque(maxlen=KEEP) for _ in range(int(workers))]
-        self.by_idx: dict[int, list] = {}
-        self.arrivals: list = []  # (done, worker, record) heap: in_order=False's hand-over order
+        self.history = [WorkerHistory() for _ in range(int(workers))]
+        self.by_idx: dict[int, list] = {}  # batch number -> [(worker, position)]
+        self.arrivals: list = []  # (done, worker, position) heap: in_order=False's hand-over order
         self.epoch_starts: dict = {}
         self.outbox: list = []  # (worker, record) to ship with the next batch
         self.shipped = 0
@@ -107,10 +128,13 @@ class LoaderRecords:
         workers = len(self.history)
         batches, busy = [0] * workers, [0] * workers
         for worker, r in records:
-            self.history[worker].append(r)
-            self.by_idx.setdefault(r[IDX], []).append((worker, r))
+            position = self.history[worker].append(r)
+            entries = self.by_idx.setdefault(r[IDX], [])
+            entries.append((worker, position))
+            if len(entries) > 8:  # the same number in many epochs: the recent ones matter
+                del entries[:-4]
             if not self.in_order:
-                heapq.heappush(self.arrivals, (r[DONE], worker, r))
+                heapq.heappush(self.arrivals, (r[DONE], worker, position))
             batches[worker] += 1
             busy[worker] += r[DONE] - r[GOT]
             if self.shipped + len(self.outbox) < SHIP_MAX and len(self.outbox) < SHIP_PER_BATCH:
@@ -119,15 +143,15 @@ class LoaderRecords:
                 self.unshipped += 1
         add_per_worker(totals.worker_batches, batches)
         add_per_worker(totals.worker_batch_ns, busy)
-        if len(self.by_idx) > 4 * KEEP or len(self.arrivals) > KEEP * workers:
+        if len(self.by_idx) > 4 * KEEP * max(1, workers) or len(self.arrivals) > 2 * KEEP * workers:
             self._trim()
 
     def _trim(self) -> None:
-        kept = {id(r) for history in self.history for r in history}
-        self.by_idx = {idx: [(w, r) for w, r in entries if id(r) in kept]
-                       for idx, entries in self.by_idx.items()}
-        self.by_idx = {idx: entries for idx, entries in self.by_idx.items() if entries}
-        self.arrivals = [item for item in self.arrivals if id(item[2]) in kept]
+        """Drop the lookups of records no longer kept."""
+        history = self.history
+        self.by_idx = {idx: kept for idx, entries in self.by_idx.items()
+                       if (kept := [(w, p) for w, p in entries if history[w].get(p) is not None])}
+        self.arrivals = [item for item in self.arrivals if history[item[1]].get(item[2]) is not None]
         heapq.heapify(self.arrivals)
 
     def epoch_start(self, key, start: int | None) -> int | None:
@@ -139,35 +163,33 @@ class LoaderRecords:
         return self.epoch_starts.get(key)
 
     def find(self, step: int, b: int, since: int | None) -> tuple | None:
-        """(worker, record) of the batch the loop received at `b`."""
+        """(worker, position) of the batch the loop received at `b`."""
         if self.in_order:
-            best = None
-            for worker, r in self.by_idx.get(step, ()):
-                if r[DONE] <= b and (since is None or r[GOT] >= since) and (best is None or r[DONE] > best[1][DONE]):
-                    best = (worker, r)
+            best, best_done = None, None
+            for worker, position in self.by_idx.get(step, ()):
+                r = self.history[worker].get(position)
+                if r is not None and r[DONE] <= b and (since is None or r[GOT] >= since) \
+                        and (best_done is None or r[DONE] > best_done):
+                    best, best_done = (worker, position), r[DONE]
             return best
         arrivals = self.arrivals
         while arrivals and arrivals[0][0] <= b:
-            _, worker, r = heapq.heappop(arrivals)
-            if since is None or r[GOT] >= since:
-                return worker, r
+            _, worker, position = heapq.heappop(arrivals)
+            r = self.history[worker].get(position)
+            if r is not None and (since is None or r[GOT] >= since):
+                return worker, position
         return None
 
     def ready_before(self, step: int, b: int, since: int | None) -> int | None:
         """When the first batch after `step` (this epoch) was handed over, if before `b`."""
         first = None
         for idx in range(step + 1, step + 1 + self.window):
-            for _, r in self.by_idx.get(idx, ()):
-                if r[DONE] <= b and (since is None or r[GOT] >= since) and (first is None or r[DONE] < first):
+            for worker, position in self.by_idx.get(idx, ()):
+                r = self.history[worker].get(position)
+                if r is not None and r[DONE] <= b and (since is None or r[GOT] >= since) \
+                        and (first is None or r[DONE] < first):
                     first = r[DONE]
         return first
-
-    def position(self, worker: int, record) -> int:
-        history = self.history[worker]
-        for pos in range(len(history) - 1, -1, -1):
-            if history[pos] is record:
-                return pos
-        return -1
 
 
 class Attribution:
@@ -216,12 +238,11 @@ class Attribution:
             found = loader.find(steps[i], b, since)
             if found is None:
                 continue
-            worker, record = found
-            pos = loader.position(worker, record)
-            if pos < 0:
-                continue
+            worker, position = found
+            history = loader.history[worker]
+            record = history.get(position)
             stages = dict.fromkeys(WAIT_STAGES, 0)
-            owed = split(a, b, loader.history[worker], pos, stages)
+            owed = split(a, b, history.records, position - history.start, stages)
             totals.attributed_steps += 1
             totals.attributed_wait_ns += b - a
             for stage, ns in stages.items():
