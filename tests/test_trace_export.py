@@ -88,3 +88,41 @@ def test_bad_ranges_and_bad_profiler_traces_are_one_line(isolated_starvewatch, t
     broken.write_text('{"traceEvents": 3}')
     done = cli("--merge", str(broken), env_dir=isolated_starvewatch)
     assert done.returncode == 1 and "cannot merge" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_collector_types_worker_records_and_keeps_them_once_per_batch(tmp_path):
+    """Worker records and per-worker totals are typed and bounded at the door (422 with the
+    field named), and a replayed batch does not store its worker records twice."""
+    from tests.test_collector_api import batch, post
+    from fastapi.testclient import TestClient
+    from starvewatch.monitor.web.app import create_app
+    from starvewatch.monitor.web.collector_settings import CollectorSettings
+
+    settings = CollectorSettings(dir=tmp_path, dashboard=False, spool_scan_s=60)
+    start = 1_700_000_000 * 10**9
+    records = {"loader": ["train"] * 2, "worker": [0, 1], "idx": [0, 1], "wait_start_ns": [start] * 2,
+               "got_ns": [start + 1] * 2, "fetch_start_ns": [start + 2] * 2,
+               "collate_start_ns": [start + 3, 0], "collate_end_ns": [start + 4, 0], "done_ns": [start + 5] * 2}
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as c:
+        good = batch(n=4)
+        good["worker_batches"] = records
+        good["loaders"][0]["totals"].update(worker_wait_ns=[5, 7], attributed_steps=4,
+                                                  attributed_wait_ns=12, wait_fetch_ns=12)
+        assert post(c, good).status_code == 200
+        assert post(c, good).status_code == 200  # a replay
+        for field, value in (("worker", [0, 600]), ("done_ns", [start]), ("got_ns", [-1, 0])):
+            bad = batch(seq=2, n=4)
+            bad["worker_batches"] = {**records, field: value}
+            response = post(c, bad)
+            assert response.status_code == 422 and field in response.text, (field, response.text)
+        bad = batch(seq=3, n=4)
+        bad["loaders"][0]["totals"]["worker_wait_ns"] = [1] * 513
+        response = post(c, bad)
+        assert response.status_code == 422 and "worker_wait_ns" in response.text
+        trace = c.get("/api/v1/runs/run-a/export", params={"format": "trace"}).json()
+        fetches = [e for e in trace["traceEvents"] if e.get("cat") == "starvewatch.fetch"]
+        assert sorted(e["args"]["worker"] for e in fetches) == [0, 1]  # once, not twice
+        assert len([e for e in trace["traceEvents"] if e.get("cat") == "starvewatch.collate"]) == 1
+        summary = c.get("/api/v1/runs/run-a/summary").json()
+        assert summary["loaders"][0]["attribution"]["workers"][1]["ms"] == 7e-6
+        assert c.get("/api/v1/runs/run-a/export", params={"format": "trace", "steps": "a:b"}).status_code == 422

@@ -208,9 +208,9 @@ class WorkerBatches(Strict):
 
     @model_validator(mode="after")
     def same_length(self) -> "WorkerBatches":
-        names = [n for n in type(self).model_fields if n != "unshipped"]
-        if len({len(getattr(self, n)) for n in names}) > 1:
-            raise ValueError("worker_batches columns differ in length")
+        lengths = {n: len(getattr(self, n)) for n in type(self).model_fields if n != "unshipped"}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"worker_batches columns differ in length: {lengths}")
         return self
 
 

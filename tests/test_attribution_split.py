@@ -1,0 +1,44 @@
+"""Issue 38 item 1, the interval arithmetic alone: each stage of a wait is the length of its
+intersection with what the batch's worker was doing, from hand-built worker records."""
+from __future__ import annotations
+
+from starvewatch.hooks.delivery.attribution import split
+from starvewatch.stats import WAIT_STAGES
+from starvewatch.worker_batches import FIRST
+
+
+def rec(idx, wait_start, got, fetch, c0, c1, done, flags=0):
+    return (idx, wait_start, got, fetch, c0, c1, done, flags)
+
+
+def stages_of(a, b, history, pos):
+    stages = dict.fromkeys(WAIT_STAGES, 0)
+    owed = split(a, b, history, pos, stages)
+    return owed, {k: v for k, v in stages.items() if v}
+
+
+def test_a_first_batch_splits_into_startup_idle_fetch_collate_and_handover():
+    # The worker started at 100 (waited for indices from then), got them at 110, fetched to
+    # 150, collated to 170, handed over at 175; the loop waited from 0 (iter()) to 200.
+    history = [rec(0, 100, 110, 111, 150, 170, 175, FIRST)]
+    owed, stages = stages_of(0, 200, history, 0)
+    assert stages == {"startup": 100, "idle": 10, "fetch": 40, "collate": 25, "handover": 25}
+    assert owed == 175
+
+
+def test_a_wait_behind_the_worker_s_earlier_batch_is_not_scheduled_and_only_overlap_counts():
+    # Batch 3 waited behind batch 0 of the same worker (busy until 60); the loop waited 50..120;
+    # the fetch of batch 3 ran 61..100, most of it while the loop waited; before 50 nothing counts.
+    history = [rec(0, 0, 5, 6, 50, 58, 60), rec(3, 60, 61, 61, 100, 110, 112)]
+    owed, stages = stages_of(50, 120, history, 1)
+    assert stages == {"not_scheduled": 10, "idle": 1, "fetch": 39, "collate": 12, "handover": 8}
+    assert owed == 62 and sum(stages.values()) == 70
+
+
+def test_a_batch_ready_before_the_call_is_all_handover_and_missing_records_are_unknown():
+    history = [rec(0, 0, 1, 1, 5, 6, 7)]
+    assert stages_of(10, 30, history, 0) == (0, {"handover": 20})
+    # Its worker's previous record is gone (a lapped ring): what came before is not guessed.
+    history = [rec(7, 40, 45, 45, 60, 61, 62)]
+    assert stages_of(0, 70, history, 0) == (62, {"unknown": 40, "idle": 5, "fetch": 15, "collate": 2,
+                                                  "handover": 8})
