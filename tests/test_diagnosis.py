@@ -117,6 +117,25 @@ def case_larger_batches():
     return run(loader(wait_ms=0.1, compute_ms=10), system_info={"gpu_util_mean": 35.0, "gpu_samples": 5})
 
 
+def skewed(sampler="RandomSampler", in_order=True):
+    """3 workers, one 10x slower (8 vs 80 ms a batch): in order, the loop (12 ms of compute)
+    waits 15 ms a step for it, 60% of that while later batches were ready."""
+    data = loader(wait_ms=15, compute_ms=12, workers=3, persistent=True, epochs=1)
+    data.config.update(sampler=sampler, in_order=in_order)
+    t, steps = data.totals, data.totals.steps
+    t.attributed_steps, t.attributed_wait_ns = steps, t.wait_ns
+    t.wait_fetch_ns, t.wait_handover_ns = t.wait_ns * 9 // 10, t.wait_ns - t.wait_ns * 9 // 10
+    t.hol_wait_ns = t.wait_ns * 6 // 10
+    t.worker_wait_ns, t.worker_hol_ns = [0, t.wait_fetch_ns, 0], [0, t.hol_wait_ns, 0]
+    t.worker_batches = [67, 67, 66]
+    t.worker_batch_ns = [67 * 8 * MS, 67 * 80 * MS, 66 * 8 * MS]
+    return data
+
+
+def case_out_of_order():
+    return run(skewed(), system_info=system(cpu_fraction=0.1, load_ms=32))
+
+
 CASES = {"not_a_dataloader": (case_not_a_dataloader, ("train", None, "DataLoader(num_workers=3)", "speedup")),
          "more_workers": (case_more_workers, ("train", "num_workers", 3, "speedup")),
          "main_process_share": (case_main_process_share, ("train", None, "lighter_batches", "speedup")),
@@ -127,7 +146,28 @@ CASES = {"not_a_dataloader": (case_not_a_dataloader, ("train", None, "DataLoader
          "pin_memory": (case_pin_memory, ("train", "pin_memory", True, "protective")),
          "cpu_oversubscribed": (case_cpu_oversubscribed, ("train", "num_workers", 2, "protective")),
          "memory_budget": (case_memory_budget, ("train", "prefetch_factor", 4, "protective")),
-         "larger_batches": (case_larger_batches, ("train", "batch_size", 64, "speedup"))}
+         "larger_batches": (case_larger_batches, ("train", "batch_size", 64, "speedup")),
+         "out_of_order": (case_out_of_order, ("train", "in_order", False, "speedup"))}
+
+
+def test_in_order_false_is_predicted_from_the_workers_batch_times_and_only_where_the_order_is_free():
+    s = case_out_of_order()
+    [rec] = [r for r in s["recommendations"] if r["parameter"] == "in_order"]
+    # In order the 80 ms worker paces every round of 3 (26.7 ms a batch, 27 ms steps now);
+    # out of order the three serve 1 / (1/8 + 1/80 + 1/8) = 3.8 ms a batch: compute-bound at 12.
+    assert 2.0 < rec["expected_speedup"] < 2.4, rec
+    [finding] = [f for f in s["findings"] if f["kind"] == "head_of_line"]
+    assert finding["detail"]["worker"] == 1 and finding["detail"]["order_free"] is True
+    for data in (skewed(sampler="SequentialSampler"), skewed(in_order=False)):
+        s = run(data, system_info=system(cpu_fraction=0.1, load_ms=32))
+        assert not [r for r in s["recommendations"] if r["parameter"] == "in_order"]
+    # A torch without in_order (before 2.6): named, with the version that has it, no advice.
+    data = skewed()
+    del data.config["in_order"]
+    s = run(data, system_info=system(cpu_fraction=0.1, load_ms=32))
+    assert not [r for r in s["recommendations"] if r["parameter"] == "in_order"]
+    [finding] = [f for f in s["findings"] if f["kind"] == "head_of_line"]
+    assert "torch 2.6" in finding["fix"]
 
 
 def test_every_rule_has_a_case():

@@ -17,7 +17,6 @@ from time import perf_counter_ns as _now
 from time import process_time_ns, thread_time_ns
 
 from .introspect import leading_dim
-from .profiler_marks import track as track_for_profiler
 # The records appended below are laid out as record_layout.py says (FAST_RECORD_LEN from the
 # fast path, FULL_RECORD_LEN from the general one): delivery reads them by those positions.
 from ..record_layout import ENDED_KEYS, FAST_RECORD_LEN, FULL_RECORD_LEN, Segment  # noqa: F401
@@ -562,7 +561,7 @@ class WatchedIterable:
     def __iter__(self):
         obj = self._sw_obj
         epoch = start_epoch(self._sw_state, lambda: iter(obj))
-        track_for_profiler(epoch, obj, self._sw_state.name)  # per epoch: a profiler sees its next()
+        _iterable_epoch_hook(epoch, obj, self._sw_state.name)  # per epoch: a profiler may see its next()
         return epoch
 
     def __len__(self):
@@ -603,6 +602,21 @@ def is_watched(obj) -> bool:
 
 
 # ---- step() and phase() --------------------------------------------------------------------
+
+
+def _no_epoch_hook(epoch, obj, name: str) -> None:
+    pass
+
+
+# Called with each new epoch of a wrapped iterable (never per batch): the session installs
+# hooks/profiler_marks.track, so the profiler sees those epochs' next(); the hot path imports
+# nothing of it.
+_iterable_epoch_hook = _no_epoch_hook
+
+
+def set_iterable_epoch_hook(hook) -> None:
+    global _iterable_epoch_hook
+    _iterable_epoch_hook = hook
 
 
 def _no_loaders_by_name(name: str):

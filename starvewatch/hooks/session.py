@@ -27,7 +27,8 @@ from .delivery.shipper import Shipper
 from .delivery.sidecar_link import SidecarLink, SidecarPipeline
 from .delivery.transport import Delivery, HttpTransport, Spool, dumps
 from .loader import (ACTIVE, WatchedIterable, WatchedIterator, WatchedIteratorProxy, is_watched,
-                     set_loader_lookup, watched_dataloader_class)
+                     set_iterable_epoch_hook, set_loader_lookup, watched_dataloader_class)
+from .profiler_marks import track as track_for_profiler
 from .settings import HookSettings
 
 log = logging.getLogger("starvewatch.hooks")
@@ -280,6 +281,7 @@ def _loader_in_current_run(name: str) -> LoaderState | None:
 
 
 set_loader_lookup(_loader_in_current_run)
+set_iterable_epoch_hook(track_for_profiler)  # the profiler sees wrapped iterables (profiler_marks.py)
 
 
 def _next_run_id(run_id: str) -> str:

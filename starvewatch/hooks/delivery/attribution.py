@@ -205,6 +205,8 @@ class Attribution:
             current = self.loaders.get(index)
             if not board or (current is not None and current.reader.path == str(board[0])):
                 continue
+            if current is not None:  # the loader watched again with other settings: a new board
+                current.reader.close()
             try:
                 self.loaders[index] = LoaderRecords(board, loader.get("config"))
             except (OSError, ValueError, TypeError) as exc:  # the board is gone: no attribution
