@@ -509,3 +509,13 @@ def test_host_rates_weigh_by_the_interval_each_sample_covers():
     assert out["cpu_pct_mean"] == pytest.approx((40 + 18) / 2.2)
     older = overview([(k, {f: v for f, v in e.items() if f != "interval_s"}) for k, e in samples])
     assert older["iowait_pct_mean"] == pytest.approx(80 / 3)  # without intervals: one second each
+
+
+def test_in_order_false_is_verified_after_the_change_like_any_advice():
+    before = case_out_of_order()
+    after = loader(wait_ms=1, compute_ms=12, workers=3, persistent=True, epochs=1)
+    after.config.update(sampler="RandomSampler", in_order=False)
+    s = run(after, system_info=system(cpu_fraction=0.1, load_ms=32), previous=before)
+    [result] = s["verification"]["results"]
+    assert (result["parameter"], result["applied"], result["status"]) == ("in_order", True, "confirmed")
+    assert s["verification"]["changed"] == {"train": {"in_order": [True, False]}}
