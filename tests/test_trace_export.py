@@ -126,3 +126,9 @@ def test_the_collector_types_worker_records_and_keeps_them_once_per_batch(tmp_pa
         summary = c.get("/api/v1/runs/run-a/summary").json()
         assert summary["loaders"][0]["attribution"]["workers"][1]["ms"] == 7e-6
         assert c.get("/api/v1/runs/run-a/export", params={"format": "trace", "steps": "a:b"}).status_code == 422
+        # The run page's chart: a bar per stage and one per worker plus the main process.
+        from starvewatch.dashboard import callbacks
+        figure = callbacks.run_view(c.app.state.query, "run-a", None)["attribution"]
+        stages, workers = figure.data
+        assert list(workers.x) == ["worker 0", "worker 1", "main process"]
+        assert dict(zip(stages.x, stages.y))["fetch"] == 1.0
