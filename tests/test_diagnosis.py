@@ -117,10 +117,10 @@ def case_larger_batches():
     return run(loader(wait_ms=0.1, compute_ms=10), system_info={"gpu_util_mean": 35.0, "gpu_samples": 5})
 
 
-def skewed(sampler="RandomSampler", in_order=True):
+def skewed(sampler="RandomSampler", in_order=True, waits=None):
     """3 workers, one 10x slower (8 vs 80 ms a batch): in order, the loop (12 ms of compute)
     waits 15 ms a step for it, 60% of that while later batches were ready."""
-    data = loader(wait_ms=15, compute_ms=12, workers=3, persistent=True, epochs=1)
+    data = loader(wait_ms=15, compute_ms=12, workers=3, persistent=True, epochs=1, waits=waits)
     data.config.update(sampler=sampler, in_order=in_order)
     t, steps = data.totals, data.totals.steps
     t.attributed_steps, t.attributed_wait_ns = steps, t.wait_ns
@@ -161,6 +161,13 @@ def test_in_order_false_is_predicted_from_the_workers_batch_times_and_only_where
     for data in (skewed(sampler="SequentialSampler"), skewed(in_order=False)):
         s = run(data, system_info=system(cpu_fraction=0.1, load_ms=32))
         assert not [r for r in s["recommendations"] if r["parameter"] == "in_order"]
+    # In order the slow worker's batches come as bursts (a long wait every third step, the
+    # others short): those go with in_order=False, not into the prediction after it.
+    bursty = skewed(waits=[int((41 if i % 3 == 0 else 2) * MS) for i in range(200)])
+    s = run(bursty, system_info=system(cpu_fraction=0.1, load_ms=32))
+    [rec] = [r for r in s["recommendations"] if r["parameter"] == "in_order"]
+    assert rec["expected_speedup"] > 1.5, rec
+    assert not [r for r in s["recommendations"] if r["parameter"] == "prefetch_factor"]
     # A torch without in_order (before 2.6): named, with the version that has it, no advice.
     data = skewed()
     del data.config["in_order"]

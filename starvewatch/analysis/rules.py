@@ -251,7 +251,8 @@ def out_of_order(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     return [proposal(f, "in_order", False, reason,
                      f.evidence(head_of_line_share=round(a["head_of_line_share"], 4),
                                 worker_batch_ms=[round(ms, 3) if ms else None for ms in a["worker_batch_ms"]]),
-                     what_if={"input_ms": s["out_of_order_ms"]})]
+                     # The bursts a slow worker's pace makes in order go with it.
+                     what_if={"input_ms": s["out_of_order_ms"], "burst_scale": 1.0 - a["head_of_line_share"]})]
 
 
 RULES = (

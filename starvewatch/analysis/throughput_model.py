@@ -339,7 +339,9 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     step; `handover_ms`: the main process's share of each batch; `resharded`: every configured
     worker serves, as after resharding into enough shards, else no more than the workers that
     served do; `others_cores`: other processes' busy cores; `unmeasured_scale`: the unmeasured
-    costs scaled; `input_ms`: the workers' time per batch, measured per worker). Divided by batch_scale, so ratios are per-sample speed-ups."""
+    costs scaled; `input_ms`: the workers' time per batch, measured per worker; `burst_scale`:
+    the part of the waits in bursts that remains). Divided by batch_scale, so ratios are
+    per-sample speed-ups."""
     what_if = what_if or {}
     scale = what_if.get("batch_scale", 1.0)
     before, after = f.config.get("batch_size"), config.get("batch_size")
@@ -381,7 +383,9 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
         unabsorbed = 1.0 if prefetch <= current else max(
             0.0, 1 - (prefetch - current) / max(1, f.prefetch_needed - current))
         starts = 1 if config.get("persistent_workers") else f.epochs
-        step += handover + startup * starts / max(1, f.steps) + f.burst_excess * unabsorbed
+        # `burst_scale`: the part of the bursts that stays (out of order, the head-of-line part goes).
+        step += handover + startup * starts / max(1, f.steps) + f.burst_excess * unabsorbed * what_if.get(
+            "burst_scale", 1.0)
     return step / scale
 
 
