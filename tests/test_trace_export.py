@@ -88,6 +88,8 @@ def test_bad_ranges_and_bad_profiler_traces_are_one_line(isolated_starvewatch, t
     broken.write_text('{"traceEvents": 3}')
     done = cli("--merge", str(broken), env_dir=isolated_starvewatch)
     assert done.returncode == 1 and "cannot merge" in done.stderr and "Traceback" not in done.stderr
+    done = cli("-o", str(tmp_path / "no-such-dir" / "t.json"), env_dir=isolated_starvewatch)
+    assert done.returncode == 1 and "cannot write" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_the_collector_types_worker_records_and_keeps_them_once_per_batch(tmp_path):

@@ -28,8 +28,12 @@ def write_trace(source, run_id: str, args) -> int:
             return 1
     text = json.dumps(trace)
     if args.output and args.output != "-":
-        with open(args.output, "w", encoding="utf-8") as out:
-            out.write(text)
+        try:
+            with open(args.output, "w", encoding="utf-8") as out:
+                out.write(text)
+        except OSError as exc:
+            print(f"starvewatch: cannot write {args.output}: {exc}", file=sys.stderr)
+            return 1
     else:
         sys.stdout.write(text)
     info = trace.get("starvewatch") or {}
