@@ -135,7 +135,10 @@ def test_every_loader_totals_field_survives_the_wire_and_a_rank_merge(client):
     names = [f.name for f in fields(LoaderTotals)]
     sent = []
     for rank in (0, 1):
-        totals = {name: (rank == 0) if isinstance(f.default, bool) else 1000 * (rank + 1) + i
+        # A per-worker list (issue 38) has as many counts as the rank has workers: 1 and 2.
+        totals = {name: (rank == 0) if isinstance(f.default, bool)
+                  else [1000 * (rank + 1) + i] * (rank + 1) if f.default_factory is list
+                  else 1000 * (rank + 1) + i
                   for i, (name, f) in enumerate(LoaderTotals.__dataclass_fields__.items())}
         payload = batch(stream=f"s{rank}", rank=rank, n=1, status="finished")
         payload["loaders"][0]["totals"] = totals
@@ -145,5 +148,6 @@ def test_every_loader_totals_field_survives_the_wire_and_a_rank_merge(client):
     assert sorted(merged) == sorted(names)
     for name in names:
         a, b = sent[0][name], sent[1][name]
-        want = (a and b) if isinstance(a, bool) else max(a, b) if name == "epochs" else a + b
+        want = (a and b) if isinstance(a, bool) else max(a, b) if name == "epochs" else \
+            [a[0] + b[0], b[1]] if isinstance(a, list) else a + b
         assert merged[name] == want, (name, merged[name], want)
