@@ -49,6 +49,9 @@ def build_trace(store, run_id: str, *, steps: str | None = None, window: str | N
     numbered A to B of every epoch; `window` "S:E": seconds since the run's first step."""
     step_range = _parse_range(steps)
     window_s = _parse_range(window, float)
+    if getattr(store, "path", None) is None:  # PgStore (issue 40): its SQL and its ingest differ
+        raise ValueError("the trace export reads the embedded SQLite store; a PostgreSQL-backed "
+                         "collector does not serve it yet")
     reader = store.reader()
     row = reader.execute("SELECT meta FROM runs WHERE id = ?", (run_id,)).fetchone()
     if row is None:
