@@ -7,7 +7,9 @@ from __future__ import annotations
 from .diagnosis import applied_config, custom_batch_sampler
 
 # The samplers a DataLoader call writes as an argument (shuffle=...); any other is the user's own.
-_SAMPLERS = {"SequentialSampler": False, "RandomSampler": True}
+# An IterableDataset's loader gets torch's _InfiniteConstantSampler whatever the call says: not
+# the user's own, and nothing to write.
+_SAMPLERS = {"SequentialSampler": False, "RandomSampler": True, "_InfiniteConstantSampler": False}
 _DEFAULT_COLLATES = ("default_collate", "default_convert", "collate")
 _ADVISED = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size")
 

@@ -116,7 +116,8 @@ def to_markdown(summary: dict) -> str:
         code = snippet(l.get("config"), summary["recommendations"], l["name"])
         if code:
             lines += ["", *md_block(f"{l['name']}_loader = {code}" if is_call(code) else
-                                    f"# {l['name']}: set in your own DataLoader(...) call\n{code}", "python")]
+                                    f"# {l['name']}: set in your own {(l.get('config') or {}).get('wrapper') or 'DataLoader'}(...) call\n{code}",
+                                    "python")]
     lines += attribution_lines(summary)
     if summary.get("stalls"):
         lines += ["", "## Stalls", ""]
