@@ -62,7 +62,8 @@ def test_free_form_fields_within_bounds_are_kept(collector):
     kept = {"kind": "host", "t_ns": 1, "cpu_pct": 50.0, "extra_note": {"a": [1, 2, {"b": "c"}]}}
     assert call(c, "POST", "/api/v1/ingest", JSON, json.dumps(batch("fine", sample=kept)).encode())[0] == 200
     events = c.get("/api/v1/runs/fine/events/samples")["events"]
-    assert events and events[0].get("extra_note") == {"a": [1, 2, {"b": "c"}]}
+    # Kept, as inert JSON text (issue 36: an unread object never reaches a view as an object).
+    assert events and json.loads(events[0].get("extra_note")) == {"a": [1, 2, {"b": "c"}]}
 
 
 def test_the_bounds_themselves():

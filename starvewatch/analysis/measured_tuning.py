@@ -9,48 +9,87 @@ measured throughput. One pure function, `with_tuning`, called by the query layer
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import json
+from typing import Annotated
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# What a view reads is typed (strings bounded, numbers finite); the rest is kept as inert text.
+Short = Annotated[str, Field(max_length=200)]
+Text = Annotated[str, Field(max_length=20_000)]
+Finite = Annotated[float, Field(ge=-1e300, le=1e300)]
 TUNED_PARAMETERS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 MIN_GAIN = 1.02  # as the diagnosis: a predicted gain under 2% is no speedup
 
 
-class TunedConfig(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class Inert(BaseModel):
+    """Typed fields as declared; any other field that is an object (or a list holding one) is
+    kept as its JSON text, so no stored value becomes a component or markup in a view."""
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def inert_extras(self):
+        extra = self.__pydantic_extra__ or {}
+        for name, value in extra.items():
+            if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)):
+                extra[name] = json.dumps(value)
+        return self
+
+
+class TunedConfig(Inert):
     num_workers: int = Field(ge=0, le=1024)
     prefetch_factor: int | None = Field(None, ge=1, le=1024)
     persistent_workers: bool = False
     pin_memory: bool = False
 
 
-class TuningTrial(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class TuningTrial(Inert):
     config: TunedConfig
     status: str = Field(pattern="^(measured|cut_short|skipped|failed)$")
-    reason: str | None = None
-    batches_per_s: float | None = None
-    samples_per_s: float | None = None
-    epoch_batches_per_s: float | None = None
+    label: Short | None = None
+    reason: Text | None = None
+    batches_per_s: Finite | None = None
+    samples_per_s: Finite | None = None
+    epoch_batches_per_s: Finite | None = None
     worker_uss_bytes: int | None = None
-    cpu_pct: float | None = None
+    cpu_pct: Finite | None = None
 
 
-class TuningAnswer(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class TuningAnswer(Inert):
     config: TunedConfig
-    batches_per_s: float | None = None
-    epoch_batches_per_s: float | None = None
-    rule: str = ""
-    snippet: str | None = None
+    label: Short | None = None
+    batches_per_s: Finite | None = None
+    samples_per_s: Finite | None = None
+    epoch_batches_per_s: Finite | None = None
+    worker_uss_bytes: int | None = None
+    cpu_pct: Finite | None = None
+    covers_consumption: bool | None = None
+    rule: Text = ""
+    snippet: Text | None = None
 
 
-class TuningDocument(BaseModel):
-    """What `starvewatch tune` posts (schema starvewatch.tuning/1); unknown fields are kept."""
-    model_config = ConfigDict(extra="allow")
+class TuningDocument(Inert):
+    """What `starvewatch tune` posts (schema starvewatch.tuning/1); unknown fields are kept
+    (as text when they are objects)."""
     trials: list[TuningTrial] = Field(max_length=1000)
     answer: TuningAnswer | None = None
-    loader: str | None = None
-    consumption_batches_per_s: float | None = Field(None, gt=0)
+    loader: Short | None = None
+    consumption_batches_per_s: Finite | None = Field(None, gt=0)
+    # Read by the run page, the exports and the diagnosis (tuning/__init__.py sends them).
+    schema_: Short | None = Field(None, alias="schema")
+    created_at: Short | None = None
+    host: Short | None = None
+    cores: int | None = Field(None, ge=0, le=2**31)
+    device: Short | None = None
+    batch_size: int | None = Field(None, ge=0, le=2**53)
+    budget_s: Finite | None = None
+    elapsed_s: Finite | None = None
+    consumption_source: Short | None = None
+    consumption_margin: Finite | None = Field(None, gt=0)
+    within_best: Finite | None = None
+    current: TunedConfig | None = None
+    current_batches_per_s: Finite | None = None
+    notes: list[Text] | None = Field(None, max_length=100)
 
 
 def normalized(config: dict | None) -> dict:

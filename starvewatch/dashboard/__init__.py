@@ -23,6 +23,9 @@ def mount(app, settings) -> None:
     dash_app._setup_server()
     from .tuning_panel import register as register_tuning
     register_tuning(dash_app, lambda: app.state.query)
+    # Every inline script Dash writes is known now: the pages' CSP allows those, and no other.
+    from ..monitor.web.framing import set_script_hashes
+    set_script_hashes(dash_app.csp_hashes())
     app.state.dash = dash_app
     # Added after Dash's own middleware, so it runs before it.
     app.add_middleware(CallbackRequestCheck, dash_app=dash_app)

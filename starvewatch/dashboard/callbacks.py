@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from urllib.parse import parse_qs, quote, unquote, urlencode
 
 from dash import Input, Output, State, ctx, dcc, html, no_update
@@ -11,10 +12,14 @@ from starlette.concurrency import run_in_threadpool
 
 from ..monitor.outputs import figures
 from ..ids import url_segment
+from ..logonce import RateLimitedLog
 from ..analysis import compare
 from ..monitor.outputs.compare_figures import figures_for
 from ..monitor.storage.query import NotFound
 from . import answer_card, layout, views
+from .inert import inert
+
+_unreadable = RateLimitedLog(logging.getLogger("starvewatch.collector"))
 
 # Polling pauses while the tab is hidden: the interval still ticks, but nothing is asked of
 # the server until the user looks again.
@@ -173,6 +178,7 @@ def runs_outputs(runs: list[dict], search, sort, status, verdict, page: int, dra
         empty = html.P("No runs yet: wrap a loader with starvewatch.watch(loader) and start training.")
         return empty, "", True, True, 0, None
     view = views.runs_view(runs, search, sort or "started", status or None, verdict or None, page, group)
+    view["table"] = inert(view["table"])
     digest = hashlib.blake2b(json.dumps(view["table"].to_plotly_json(), cls=PlotlyJSONEncoder, sort_keys=True)
                              .encode(), digest_size=16).hexdigest()
     if digest == drawn:
@@ -192,11 +198,13 @@ def compare_result(query, a: str, b: str) -> html.Div:
         return html.P(str(exc), id="compare-unknown")
     links = html.P(["before: ", dcc.Link(a, href=f"/runs/{url_segment(a)}"), " · after: ",
                     dcc.Link(b, href=f"/runs/{url_segment(b)}")], className="sw-subtitle")
-    return html.Div([links, views.compare_view(comp, figures_for(comp, distributions, series))])
+    return inert(html.Div([links, views.compare_view(comp, figures_for(comp, distributions, series))]))
 
 
 OUTPUTS = ("title", "banner", "recommendations", "advice", "kpis", "loader_options", "loader", "timeline",
            "fraction", "system", "histogram", "compute_histogram", "workers", "ranks", "config", "attribution")
+# The outputs that are components (the rest are figures, options and a value): made inert.
+COMPONENT_OUTPUTS = ("title", "banner", "recommendations", "advice", "kpis", "workers", "ranks", "config")
 
 
 def view_digest(view: dict) -> str:
@@ -212,13 +220,33 @@ def refresh_run_outputs(query, run_id: str | None, loader: str | None, drawn) ->
     unchanged = (no_update,) * (len(OUTPUTS) + 1)
     if run_id is None:
         return (html.H2("No run selected"),) + unchanged[1:]
-    view = run_view(query, run_id, loader)
+    try:
+        view = run_view(query, run_id, loader)
+    except Exception as exc:  # this run's stored data cannot be drawn: said for this run alone
+        return (unreadable_run(run_id, exc),) + unchanged[1:]
     if view["missing"]:
         return (html.H2(f"Unknown run {run_id}"),) + unchanged[1:]
+    for key in COMPONENT_OUTPUTS:
+        view[key] = inert(view[key])
     digest = view_digest(view)
     if digest == drawn:
         return unchanged
     return tuple(view[k] for k in OUTPUTS) + (digest,)
+
+
+def unreadable_run(run_id: str, exc: Exception):
+    """The run page of a run whose stored data cannot be drawn (a value of the wrong type from
+    an older collector, say): the error, for this run alone; the collector's log has the rest."""
+    log_unreadable(run_id, exc)
+    return html.Div([html.H2(f"Run {run_id} cannot be shown"),
+                     html.P(f"Its stored data could not be drawn: {type(exc).__name__}: {str(exc)[:300]}. "
+                            f"Other runs are not affected; its exports may still work.",
+                            id="run-unreadable")])
+
+
+def log_unreadable(run_id: str, exc: Exception) -> None:
+    _unreadable.error(f"run:{type(exc).__name__}", "run %s cannot be drawn: %s: %s", run_id[:128],
+                      type(exc).__name__, str(exc)[:300])
 
 
 def register(app, get_query) -> None:

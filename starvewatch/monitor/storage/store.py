@@ -155,7 +155,7 @@ class Store:
         return True
 
     def _upsert_run(self, w, batch, now: float) -> None:
-        meta = batch.run.model_dump() if batch.run is not None else None
+        meta = batch.run.stored() if batch.run is not None else None
         row = w.execute("SELECT meta FROM runs WHERE id = ?", (batch.run_id,)).fetchone()
         if row is None:
             base = meta or {"id": batch.run_id, "name": batch.run_id}

@@ -331,7 +331,7 @@ def _tuning_routes(app: FastAPI, state: dict, settings: CollectorSettings) -> No
             document = TuningDocument.model_validate_json(body)
         except ValidationError as exc:
             raise HTTPException(422, f"invalid tuning results: {_describe_validation(exc)}") from None
-        if not await run_in_threadpool(state["store"].save_tuning, run_id, document.model_dump()):
+        if not await run_in_threadpool(state["store"].save_tuning, run_id, document.model_dump(by_alias=True)):
             raise NotFound(f"unknown run id {run_id!r}")
         return {"stored": True, "run_id": run_id}
 

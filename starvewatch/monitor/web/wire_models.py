@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import orjson
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError,
                       create_model, model_validator)
 
 from ...ids import ID_PATTERN, NAME_PATTERN, clean_name
-from ...limits import MAX_LIST_RECORDS
-from .json_bounds import free_form_problem
+from ...limits import MAX_HOST_CHARS, MAX_LIST_RECORDS, MAX_LOADERS_PER_BATCH
+from .json_bounds import FREE_FORM_MAX_STRING_CHARS, free_form_problem
 from ...redact import redact_argv
 from ...schema import EVENTS_SCHEMA
 from ...stats import LoaderTotals
@@ -24,6 +25,11 @@ Number = Annotated[int | float, Field(ge=-1e300, le=1e300)]
 Name = Annotated[str, BeforeValidator(lambda v: clean_name(v, "_")), Field(min_length=1, max_length=200, pattern=NAME_PATTERN)]
 # Becomes a directory name, a URL segment, part of a file name: a small character set.
 Id = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
+# Text read by a view (a stack, a version string): a string, never markup, never an object.
+Text = Annotated[str, Field(max_length=FREE_FORM_MAX_STRING_CHARS)]
+Short = Annotated[str, Field(max_length=200)]
+# A scalar a view prints as it is (a dataset index, an exit signal): never an object.
+Scalar = Annotated[int, Field(ge=-2**63, le=2**63 - 1)] | Annotated[float, Field(ge=-1e300, le=1e300)] | Short
 MAX_BATCH_RECORDS = MAX_LIST_RECORDS["steps"]  # starvewatch/limits.py: the hooks keep within it
 _NAME = TypeAdapter(Name)
 
@@ -102,11 +108,17 @@ LoaderTotalsModel = create_model(
 
 
 def _bounded_extras(model: BaseModel) -> None:
-    """The free-form part of a record (the fields kept as sent) within json_bounds' limits."""
-    for name, value in (model.__pydantic_extra__ or {}).items():
+    """The free-form part of a record (the fields kept as sent) within json_bounds' limits, and
+    inert: an object, or a list holding one, is kept as its JSON text. Every field a view, an
+    export or /metrics reads is typed above; what is left is shown (if ever) as text, so a value
+    shaped like a Dash component (`{"namespace", "type", "props"}`) can never become one."""
+    extra = model.__pydantic_extra__
+    for name, value in (extra or {}).items():
         problem = free_form_problem(name, value)
         if problem is not None:
             raise ValueError(problem)
+        if isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value)):
+            extra[name] = orjson.dumps(value).decode()
 
 
 class Open(Strict):
@@ -125,6 +137,19 @@ class LoaderConfig(Open):
     prefetch_factor: NonNegInt | None = None
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
+    # Read by the diagnosis and the exports (hooks/introspect.py sends them).
+    timeout: Number | None = None
+    drop_last: bool | None = None
+    multiprocessing_context: Short | None = None
+    sampler: Short | None = None
+    batch_sampler: Short | None = None
+    dataset: Short | None = None
+    dataset_len: NonNegInt | None = None
+    collate_fn: Short | None = None
+    wrapper: Short | None = None
+    worker_method: Short | None = None
+    dataset_shards: NonNegInt | None = None
+    shards_resampled: bool | None = None
 
 
 class WorkerInfo(Open):
@@ -135,6 +160,21 @@ class WorkerInfo(Open):
     load_ms_mean: Number | None = None
     cpu_fraction: Number | None = None
     cpu_pct: Number | None = None
+    # Read by the views and the worker-memory finding (hooks/samplers.py sends them).
+    batches_interval: NonNegInt | None = None
+    load_ms_interval: Number | None = None
+    load_ms_max: Number | None = None
+    samples: NonNegInt | None = None
+    snapshots: NonNegInt | None = None
+    snapshot_ms_mean: Number | None = None
+    snapshot_load_ms: Number | None = None
+    snapshot_bytes: Number | None = None
+    rss_bytes: Number | None = None
+    uss_bytes: Number | None = None
+    pss_bytes: Number | None = None
+    mem_t_ns: WallNs | None = None
+    batch_bytes: Number | None = None
+    exit_signal: Short | None = None
 
 
 class Device(Open):
@@ -162,7 +202,17 @@ class Sample(Open):
     cpu_quota_cores: Number | None = None
     cgroup_cpu_pct: Number | None = None
     cgroup_throttled_pct: Number | None = None
+    interval_s: Number | None = None
+    cpu_per_core_pct: list[Number | None] | None = Field(None, max_length=100_000)
     devices: list[Device] = Field(default_factory=list, max_length=1000)
+
+
+class ShardCheck(Strict):
+    """shards.compare_readers' answer, as a worker snapshot carries it."""
+    compared_batches: NonNegInt
+    repeated_batches: NonNegInt
+    reads_per_batch: NonNegInt
+    workers: NonNegInt
 
 
 class WorkerSnapshot(Open):
@@ -172,6 +222,11 @@ class WorkerSnapshot(Open):
     alive_workers: NonNegInt | None = None
     queue_depth: Number | None = None
     queue_capacity: NonNegInt | None = None
+    persistent_workers: bool | None = None
+    state_dict_calls: NonNegInt | None = None
+    checkpoint_interval_steps: Number | None = None
+    shard_check: ShardCheck | None = None
+    shard_hashes: list[list[Annotated[int, Field(ge=-2**63, le=2**64)]]] | None = Field(None, max_length=10_000)
     workers: list[WorkerInfo] = Field(default_factory=list, max_length=10_000)
 
 
@@ -185,6 +240,15 @@ class Stall(Open):
     ended_ns: WallNs | None = None
     wait_s: Annotated[float, Field(ge=0, le=1e12)]
     workers: list[WorkerInfo] = Field(default_factory=list, max_length=10_000)
+    # Who holds the batch (hooks/hang.py): shown on the run page and in the exports, as text.
+    phase: Name | None = None
+    worker: NonNegInt | None = None
+    worker_pid: NonNegInt | None = None
+    worker_state: Name | None = None
+    indices: list[Scalar | None] | None = Field(None, max_length=100_000)
+    fetching: bool | None = None
+    stack: Text | None = None
+    stack_of: Name | None = None
 
 
 MAX_WORKER_BATCHES = 4096  # hooks/delivery/attribution.py SHIP_PER_BATCH
@@ -216,7 +280,7 @@ class WorkerBatches(Strict):
 
 class LoaderInfo(Strict):
     name: Name
-    kind: str | None = None
+    kind: Short | None = None
     config: LoaderConfig | None = None
     totals: LoaderTotalsModel
 
@@ -227,17 +291,40 @@ class RunInfo(Strict):
     name: Name
     started_at: Annotated[float, Field(ge=0)] | None = None
     ended_at: Annotated[float, Field(ge=0)] | None = None
-    host: str | None = None
+    host: Annotated[str, Field(max_length=MAX_HOST_CHARS)] | None = None
     rank: NonNegInt = 0
     world_size: Annotated[int, Field(ge=1, le=2**53)] = 1
+    # Read by the diagnosis and the exports (hooks/identity.py sends them).
+    pid: NonNegInt | None = None
+    argv: list[Text] | None = Field(None, max_length=10_000)
+    python: Short | None = None
+    platform: Short | None = None
+    torch: Short | None = None
+    core: Short | None = None
+    cpu_count: NonNegInt | None = None
+    host_cores: NonNegInt | None = None
+    usable_cores: NonNegInt | None = None
+    cpu_quota_cores: Number | None = None
+    ram_total_bytes: Number | None = None
+    shm_total_bytes: Number | None = None
+    local_rank: NonNegInt | None = None
+    local_world_size: NonNegInt | None = None
+    restart_count: NonNegInt | None = None
+
+    def stored(self) -> dict:
+        """What the run's `meta` keeps: the fields sent (typed ones as validated) plus those
+        every record has (id, name, times, host, rank, world size)."""
+        out = self.model_dump(exclude_unset=True)
+        for name in ("started_at", "ended_at", "host", "rank", "world_size"):
+            out.setdefault(name, getattr(self, name))
+        return out
 
     @model_validator(mode="after")
     def hide_secrets(self) -> "RunInfo":
         _bounded_extras(self)
         # Hooks from before the redaction, or a hand-made batch: the collector never stores them.
-        extra = self.__pydantic_extra__
-        if extra is not None and isinstance(extra.get("argv"), list):
-            extra["argv"] = redact_argv(extra["argv"])
+        if self.argv is not None:
+            self.argv = redact_argv(self.argv)
         return self
 
 
@@ -262,7 +349,7 @@ class EventBatch(Strict):
     sent_at_ns: WallNs | None = None
     status: Literal["live", "finished"] = "live"
     run: RunInfo | None = None
-    loaders: list[LoaderInfo] = Field(default_factory=list, max_length=1000)
+    loaders: list[LoaderInfo] = Field(default_factory=list, max_length=MAX_LOADERS_PER_BATCH)
     steps: StepColumns = Field(default_factory=StepColumns)
     # (loader, epoch, step, phase name, ns): the names checked once each (_phase_names).
     phases: Annotated[list[tuple[str, NonNegInt, NonNegInt, str, NonNegInt]], AfterValidator(_phase_names)] = Field(
