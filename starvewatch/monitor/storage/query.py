@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import threading
 import time
@@ -15,6 +16,11 @@ from .folded_reads import recent_notes, rolled_spans, samples_rolled
 from ..budget.retention import RAW_WINDOW_STEPS
 from .store import Store
 from ...analysis.measured_tuning import with_tuning
+from ...logonce import RateLimitedLog
+from ...schema import BAND_ORDER
+
+# A run whose stored data cannot be read is said once in a while, for that run alone.
+_unreadable = RateLimitedLog(logging.getLogger("starvewatch.collector"))
 
 STATUSES = ("live", "stalled", "finished", "lost")
 
@@ -305,9 +311,14 @@ class Query:
         previous = self.previous_run_id(meta["id"], meta["name"])
         if previous is None:
             return None
-        prev_meta = self.run_meta(previous)
-        summary = summarize(prev_meta, self.store.loader_data(previous), system=self.system_overview(previous))
-        return with_tuning(summary, self.store.latest_tuning(previous))
+        try:
+            prev_meta = self.run_meta(previous)
+            summary = summarize(prev_meta, self.store.loader_data(previous), system=self.system_overview(previous))
+            return with_tuning(summary, self.store.latest_tuning(previous))
+        except Exception as exc:  # an earlier run that cannot be read never breaks this one
+            _unreadable.error(f"previous:{type(exc).__name__}", "run %s cannot be compared with: %s: %s",
+                              previous[:128], type(exc).__name__, str(exc)[:300])
+            return None
 
     @cached(per_run=True, max_age_s=None)
     def distributions(self, run_id: str, loader: str) -> dict:
@@ -354,11 +365,18 @@ class Query:
                 continue
             started = row["started_at"] or row["first_seen"]
             ended = row["ended_at"] if run_status == "finished" else None
+            try:
+                figures = self._listed_figures(row["id"])
+            except Exception as exc:  # one run's unreadable totals: listed without figures
+                _unreadable.error(f"list:{type(exc).__name__}", "run %s listed without figures: %s: %s",
+                                  row["id"][:128], type(exc).__name__, str(exc)[:300])
+                figures = {"verdict": BAND_ORDER[0], "input_wait_fraction": None, "batches_per_s": None,
+                           "steps": 0, "unreadable": f"{type(exc).__name__}: {str(exc)[:200]}"}
             out.append({
                 "id": row["id"], "name": row["name"], "status": run_status,
                 "started_at": iso(started), "ended_at": iso(ended),
                 "duration_s": (ended or row["last_seen"]) - started,
-                **self._listed_figures(row["id"]),
+                **figures,
                 "ranks": len({s["rank"] for s in self.store.stream_rows(row["id"])}),
             })
         mark_regressions(out)

@@ -386,6 +386,12 @@ def _export_routes(app: FastAPI, state: dict) -> None:
             body = export_text(source, run_id, format)
         except SourceError as exc:
             raise NotFound(str(exc)) from None
+        except Exception as exc:  # this run's stored data cannot be rendered: said for this run alone
+            sweep_errors.error(f"export:{type(exc).__name__}", "export of run %s failed: %s: %s", run_id[:128],
+                               type(exc).__name__, str(exc)[:300])
+            raise HTTPException(500, f"run {run_id!r} cannot be exported as {format}: its stored data could not "
+                                     f"be rendered ({type(exc).__name__}: {str(exc)[:200]}); other runs are "
+                                     f"not affected") from None
         return Response(body, media_type=f"{media}; charset=utf-8", headers=headers)
 
 
