@@ -41,12 +41,15 @@ MAX_LIST_RECORDS = {
 }
 
 # ---- per run (issue 36 item 3): what one run may hold, whatever it sends ------------------------
-# The hooks keep within them (hooks/session.py names at most MAX_LOADERS_PER_RUN loaders, then
-# folds the rest into one; the hostname is cut to MAX_HOST_CHARS); the collector refuses more with
-# a 4xx that says which bound (monitor/storage/run_bounds.py). docs/security.md lists them.
+# The hooks keep within them (hooks/loader.py names at most MAX_LOADERS_PER_RUN loaders, then
+# records the rest under OVERFLOW_LOADER; hooks/samplers.py sends a quarter of
+# MAX_STALL_ROWS_PER_RANK stall events per process; identity.py cuts the hostname); the collector
+# refuses more with a 422 that names the bound (monitor/storage/run_bounds.py). docs/security.md lists them.
 MAX_LOADERS_PER_BATCH = 1000        # loader records of one batch
 MAX_LOADERS_PER_RUN = 256           # distinct loader names of one run (over all its ranks)
+OVERFLOW_LOADER = "other loaders"   # where the hooks record loaders past that
 MAX_RANKS_PER_RUN = 16_384          # ranks of one run (the team collector aims at 4,096)
 MAX_HOST_CHARS = 255                # a hostname (DNS: 253)
 MAX_TUNINGS_PER_RUN = 100           # `starvewatch tune` documents kept per run
-MAX_STALLS_PER_RUN = 10_000         # stall events kept per run
+# A stall is sent again when its worker's state or its stack arrives (a few events each).
+MAX_STALL_ROWS_PER_RANK = 4000

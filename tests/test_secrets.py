@@ -82,9 +82,11 @@ def test_wrong_tokens_are_slowed_and_answered_one_at_a_time(collector):
     for t in threads:
         t.join(60)
     elapsed = time.monotonic() - started
-    assert statuses == [401] * 12
-    # 0.05 s x (1 + 2 + ... + 12): parallel connections queue behind each other.
-    assert elapsed >= 3.9, elapsed
+    # At most 8 wrong answers of one client wait at once (guard.MAX_PENDING_PER_CLIENT); the
+    # rest are answered 429 at once, their token not looked at (issue 36).
+    assert sorted(statuses) == [401] * 8 + [429] * 4, statuses
+    # 0.05 s x (1 + 2 + ... + 8): parallel connections queue behind each other.
+    assert elapsed >= 1.8, elapsed
     started = time.monotonic()
     assert call(c, "GET", "/api/v1/runs", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
     assert time.monotonic() - started < 1.5  # the right token is never slowed

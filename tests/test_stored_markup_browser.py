@@ -103,8 +103,6 @@ def test_component_shaped_values_stay_text_in_the_browser(collector, browser):
         _at(batch, path)["note"] = COMPONENT
         _at(batch, path)["notes"] = [COMPONENT]
     assert call(c, "POST", "/api/v1/ingest", JSON, json.dumps(batch).encode())[0] == 200
-    stall = c.get("/api/v1/runs/free-form/events/stalls")["events"][0]
-    assert json.loads(stall["note"]) == COMPONENT  # kept whole, as its JSON text
     tuning = {"schema": "starvewatch.tuning/1", "loader": "train", "note": COMPONENT, "budget_s": 5.0,
               "trials": [{"config": {"num_workers": 2, "note": COMPONENT}, "status": "measured",
                           "batches_per_s": 100.0, "note": COMPONENT}],
@@ -137,6 +135,9 @@ def test_component_shaped_values_stay_text_in_the_browser(collector, browser):
     page.wait_for_selector(".sw-stall", state="attached", timeout=60_000)
     assert "dash_html_components" in page.text_content(".sw-stall pre")
     assert page.evaluate(INJECTED)["elements"] == 0 and errors == []
+
+    stall = c.get("/api/v1/runs/free-form/events/stalls")["events"][0]
+    assert json.loads(stall["note"]) == COMPONENT  # kept whole, as its JSON text
 
     # Typed fields: an object where a name, a number or a list belongs is refused at the door.
     base = full_batch("typed")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..cpus import cpu_limit
 from ..ids import id_problem, safe_id, safe_name
+from ..limits import MAX_HOST_CHARS
 from ..redact import redact_argv
 from .core import current as current_core
 
@@ -167,7 +168,7 @@ def _shm_bytes() -> int | None:
 def run_metadata(name: str, run_id: str) -> dict:
     """Gathered on the daemon thread: nothing here may initialise CUDA by itself."""
     meta = {
-        "id": run_id, "name": name, "host": socket.gethostname(), "pid": os.getpid(),
+        "id": run_id, "name": name, "host": socket.gethostname()[:MAX_HOST_CHARS], "pid": os.getpid(),
         "argv": redact_argv(list(sys.argv)), "python": platform.python_version(),
         # os.uname, not platform.platform(): that one runs `uname -p` in a subprocess, whose
         # pipe a DataLoader worker forked at the same moment can hold open forever.

@@ -7,6 +7,8 @@ import shutil
 import threading
 import time
 
+from ..limits import MAX_STALL_ROWS_PER_RANK
+
 
 # /dev/shm as the container sees it can be smaller than the tmpfs says (docker --shm-size).
 from ..cpus import CgroupCpuMeter, cpu_limit
@@ -378,6 +380,13 @@ class StallDetector:
                 break
         else:
             stalls.append(event)
+        # The collector keeps MAX_STALL_ROWS_PER_RANK stall events per rank (limits.py) and
+        # refuses a batch past it: one process sends a quarter (a restarted rank stays in its run).
+        sent = getattr(self.session, "stall_events_sent", 0)
+        if sent >= MAX_STALL_ROWS_PER_RANK // 4:
+            self.session.dropped_events += 1
+            return
+        self.session.stall_events_sent = sent + 1
         self.session.emit("stalls", event)
 
 

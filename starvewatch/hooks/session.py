@@ -17,6 +17,7 @@ from time import perf_counter_ns
 
 from ..console import info_stream
 from ..ids import safe_id, safe_name
+from ..limits import MAX_LOADERS_PER_RUN, OVERFLOW_LOADER
 from . import cuda
 from .core import take_notice as take_core_notice
 from .identity import default_run_name, rank_info, run_id_for, run_metadata
@@ -394,7 +395,19 @@ _SITE_NAMES: dict[tuple, str] = {}
 
 def _loader_name(session: Session, name, shell, loader=None) -> str:
     """The name given, or the one this call site got before (a re-run notebook cell), or the
-    next default name."""
+    next default name; past the collector's bound on loader names per run (limits.py), the
+    one name all further loaders share, so a batch is never refused for it."""
+    chosen = _given_or_default_name(session, name, shell)
+    if chosen not in session.loaders and len(session.loaders) >= MAX_LOADERS_PER_RUN - 1:
+        if not getattr(session, "overflow_said", False):
+            session.overflow_said = True
+            log.warning("starvewatch: more than %d loaders in one run: %r and later ones are recorded "
+                        "as %r", MAX_LOADERS_PER_RUN - 1, chosen, OVERFLOW_LOADER)
+        return OVERFLOW_LOADER
+    return chosen
+
+
+def _given_or_default_name(session: Session, name, shell) -> str:
     if name is not None:
         return safe_name(str(name), "loader")
     key = None
@@ -476,7 +489,7 @@ def watch(loader, name: str | None = None):
         if is_torch_dataloader(loader):
             config = dataloader_config(loader)
             state = session.loaders.get(name)
-            if state is not None and _settings_of(state.config) != _settings_of(config):
+            if state is not None and name != OVERFLOW_LOADER and _settings_of(state.config) != _settings_of(config):
                 session, state = _rewatched(session, state, config)
                 if state is not None:  # the same state, with this loader's settings
                     from .workers import attach

@@ -26,6 +26,7 @@ from ...stats import LoaderTotals, RecordStats
 from . import database_file
 from ..budget import retention, rollup_bands, run_rollups
 from .batch_records import only_records
+from .run_bounds import check_batch, check_tuning
 from .step_ingest import insert_steps
 from .store_schema import DDL, SCHEMA_VERSION, migrate_tables
 from .write_transaction import immediate_transaction
@@ -105,6 +106,7 @@ class Store:
                 if not todo:  # a replay: every record of it is stored already
                     w.execute("ROLLBACK")
                     return False
+                check_batch(w, batch)  # run_bounds.py: what one run may hold (refused whole, 422)
                 w.execute("INSERT OR IGNORE INTO seen VALUES (?, ?, ?, ?)", (batch.stream, batch.seq, first, end))
                 if todo != [(first, end)]:  # split differently before: only the records not stored yet
                     batch = only_records(batch, first, todo)
@@ -309,6 +311,7 @@ class Store:
             w = self._writer
             if w.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
                 return False
+            check_tuning(w, run_id)
             w.execute("INSERT INTO tunings VALUES (?, ?, ?)", (run_id, time.time(), orjson.dumps(document).decode()))
             self.versions[run_id] += 1
             self.version += 1

@@ -331,7 +331,11 @@ def _tuning_routes(app: FastAPI, state: dict, settings: CollectorSettings) -> No
             document = TuningDocument.model_validate_json(body)
         except ValidationError as exc:
             raise HTTPException(422, f"invalid tuning results: {_describe_validation(exc)}") from None
-        if not await run_in_threadpool(state["store"].save_tuning, run_id, document.model_dump(by_alias=True)):
+        try:
+            stored = await run_in_threadpool(state["store"].save_tuning, run_id, document.model_dump(by_alias=True))
+        except ValueError as exc:  # a bound of the run (storage/run_bounds.py)
+            raise HTTPException(422, str(exc)) from None
+        if not stored:
             raise NotFound(f"unknown run id {run_id!r}")
         return {"stored": True, "run_id": run_id}
 

@@ -22,6 +22,16 @@ from ...logonce import RateLimitedLog
 
 log = logging.getLogger("starvewatch.collector")
 refusals = RateLimitedLog(log, interval_s=60.0)
+# Open connections by client (host, port), for the guard to give a slot back (below).
+_by_client: dict[tuple, "H11Protocol"] = {}
+
+
+def release_slot(client) -> None:
+    """The connection of `client` stops counting toward `max_connections` (a wrong token's
+    answer waits, slowed, guard.py: it must not keep clients with the right token out)."""
+    protocol = _by_client.get(tuple(client)) if client else None
+    if protocol is not None:
+        protocol.connections.discard(protocol)
 
 
 class _OncePerInterval(logging.Filter):
@@ -71,6 +81,8 @@ def bounded_protocol(settings) -> type:
                                self.max_connections)
                 transport.close()
                 return
+            if self.client:
+                _by_client[tuple(self.client)] = self
             self._arm_header_deadline()
 
         def _arm_header_deadline(self) -> None:
@@ -92,6 +104,8 @@ def bounded_protocol(settings) -> type:
             super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            if self.client and _by_client.get(tuple(self.client)) is self:
+                del _by_client[tuple(self.client)]
             if getattr(self, "_header_deadline", None) is not None:
                 self._header_deadline.cancel()
                 self._header_deadline = None

@@ -36,7 +36,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import orjson
 
+from .connections import release_slot
 from .framing import response_headers
+from .peer import peer_uid
 from .login_cookie import session_value
 
 log = logging.getLogger("starvewatch.collector")
@@ -47,6 +49,8 @@ FAILED_DELAY_STEP_S = 0.05     # each recent failure of a client adds this much 
 FAILED_DELAY_MAX_S = 2.0
 FAILURES_FORGOTTEN_S = 600.0   # a client without failures for this long starts again from zero
 MAX_TRACKED_CLIENTS = 4096
+MAX_PENDING_PER_CLIENT = 8     # wrong answers of one client waiting at once; more: 429 at once
+MAX_PENDING = 512              # wrong answers waiting at once, all clients (file descriptors)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 SECURITY_HEADERS = (
     (b"x-content-type-options", b"nosniff"),
@@ -101,25 +105,57 @@ def _client_disconnected(exc: BaseException) -> bool:
 
 
 class _Failures:
-    """Recent wrong tokens per client address: each next wrong answer waits longer, and one
-    client's guesses are answered one at a time (parallel connections gain nothing)."""
+    """Recent wrong tokens per client: each next wrong answer waits longer, and one client's
+    guesses are answered one at a time (parallel connections gain nothing). A client is its
+    address, and on loopback also the local user owning its socket (peer.py): another user's
+    guesses never slow yours. A waiting wrong answer holds no connection slot (connections.py
+    releases it), and a client may have at most MAX_PENDING_PER_CLIENT of them: more are answered
+    429 at once, their token not looked at, so guessing stays slow and bounded in memory."""
 
     def __init__(self) -> None:
-        self.clients: OrderedDict[str, list] = OrderedDict()  # address -> [count, last_s, lock]
+        self.clients: OrderedDict[str, list] = OrderedDict()  # key -> [count, last_s, lock, pending]
+        self.addresses: dict[str, int] = {}  # address -> wrong answers waiting, all its clients
+        self.pending = 0
 
-    async def pause(self, client: str) -> None:
+    def watched(self, address: str) -> bool:
+        return self.addresses.get(address, 0) > 0
+
+    def over_cap(self, key: str) -> bool:
+        entry = self.clients.get(key)
+        return entry is not None and entry[3] >= MAX_PENDING_PER_CLIENT
+
+    def retry_after_s(self, key: str) -> int:
+        entry = self.clients.get(key)
+        return max(1, round(min(FAILED_DELAY_MAX_S, FAILED_DELAY_STEP_S * (entry[0] if entry else 1))))
+
+    async def pause(self, key: str, address: str) -> None:
         now = time.monotonic()
-        entry = self.clients.get(client)
-        if entry is None or now - entry[1] > FAILURES_FORGOTTEN_S:
-            entry = [0, now, asyncio.Lock()]
-        self.clients[client] = entry
-        self.clients.move_to_end(client)
+        entry = self.clients.get(key)
+        if entry is None or (now - entry[1] > FAILURES_FORGOTTEN_S and entry[3] == 0):
+            entry = [0, now, asyncio.Lock(), 0]
+        self.clients[key] = entry
+        self.clients.move_to_end(key)
         while len(self.clients) > MAX_TRACKED_CLIENTS:
+            oldest = next(iter(self.clients))
+            if self.clients[oldest][3]:
+                break  # one with answers waiting stays until they are sent
             self.clients.popitem(last=False)
-        async with entry[2]:
-            entry[0] += 1
-            entry[1] = time.monotonic()
-            await asyncio.sleep(min(FAILED_DELAY_MAX_S, FAILED_DELAY_STEP_S * entry[0]))
+        entry[3] += 1
+        self.pending += 1
+        self.addresses[address] = self.addresses.get(address, 0) + 1
+        try:
+            async with entry[2]:
+                entry[0] += 1
+                entry[1] = time.monotonic()
+                await asyncio.sleep(min(FAILED_DELAY_MAX_S, FAILED_DELAY_STEP_S * entry[0]))
+        finally:
+            entry[3] -= 1
+            self.pending -= 1
+            left = self.addresses[address] - 1
+            if left:
+                self.addresses[address] = left
+            else:
+                del self.addresses[address]
 
 
 class Guard:
@@ -186,9 +222,25 @@ class Guard:
                                       "address only (Host header refused: DNS rebinding protection)")
         if self.token is not None:
             given, where = self._given_token(headers, query)
+            address = (scope.get("client") or ("?",))[0]
+            key = None
+            if given is not None and self.failures.watched(address):
+                # This address has wrong answers waiting: a client with too many of them is
+                # answered at once, its token not looked at (it learns nothing from it).
+                key = _client_key(scope)
+                if self.failures.over_cap(key):
+                    return await self._refuse(scope, receive, send, 429, "too many wrong tokens from this "
+                                              "client; wait before trying again", extra=(
+                                                  (b"retry-after", str(self.failures.retry_after_s(key)).encode()),))
             if not self._token_ok(given, where):
                 if given is not None:  # a guess (a missing token is no attempt): slowed
-                    await self.failures.pause((scope.get("client") or ("?",))[0])
+                    if self.failures.pending >= MAX_PENDING:
+                        return await self._refuse(scope, receive, send, 429, "too many wrong tokens; wait "
+                                                  "before trying again", extra=((b"retry-after", b"2"),))
+                    # The wait holds no connection slot: clients with the right token keep
+                    # being served whatever number of guesses wait (connections.py).
+                    release_slot(scope.get("client"))
+                    await self.failures.pause(key or _client_key(scope), address)
                 return await self._refuse(scope, receive, send, 401, "missing or wrong token",
                                           extra=((b"www-authenticate", b"Bearer"),))
             if where == "query" and method == "GET":
@@ -310,6 +362,14 @@ class Guard:
             (b"location", location), (b"content-length", b"0"),
             (b"set-cookie", cookie[self.cookie].OutputString().encode("latin-1")), *SECURITY_HEADERS]})
         await send({"type": "http.response.body", "body": b""})
+
+
+def _client_key(scope) -> str:
+    """A client for the slowing of wrong tokens: its address, and on loopback its local user."""
+    client = scope.get("client")
+    address = client[0] if client else "?"
+    uid = peer_uid(client, scope.get("server"))
+    return address if uid is None else f"{address}/uid={uid}"
 
 
 def _client_text(scope) -> str:
