@@ -378,3 +378,38 @@ def test_a_series_is_reused_while_its_data_has_not_changed_however_old(tmp_path,
         assert post(client, batch(seq=2, n=2000, step0=2000)).status_code == 200
         changed = q.rollup_series("run-a", points=300)
         assert changed is not first and sum(p["steps"] for p in changed["points"]) == 4000
+
+
+def test_a_live_runs_documents_are_reclaimed_before_another_run_is_deleted(tmp_path):
+    """Tuning results and stall stacks count toward the budget (issue 36: 303 MB and 232 MB
+    of them under a 40 MB budget, while the budget deleted other runs to make room)."""
+    from tests.test_security import TUNING
+    import random
+    import string
+    rng = random.Random(7)
+
+    def text(n):  # incompressible, as a real stack is to SQLite (which does not compress)
+        return "".join(rng.choices(string.ascii_letters, k=n))
+
+    with app_client(tmp_path, max_db_bytes=1_000_000) as client:
+        store = client.app.state.store
+        assert post(client, batch(run_id="ended", stream="e", n=200, status="finished")).status_code == 200
+        for seq in range(1, 41):  # a live run: 40 stalls with a 20 KB stack each
+            payload = batch(run_id="live", stream="l", seq=seq, n=10, step0=seq * 10, start_s=1_700_100_000)
+            payload["stalls"] = [{"t_ns": (1_700_100_000 + seq) * SECOND, "loader": "train", "wait_s": 11.0,
+                                  "started_ns": (1_700_100_000 + seq) * SECOND, "stack": text(20_000)}]
+            assert post(client, payload).status_code == 200
+        for _ in range(10):  # and 10 tuning results of 60 KB
+            doc = dict(TUNING, notes=[text(20_000) for _ in range(3)])
+            assert client.post("/api/v1/runs/live/tuning", content=json.dumps(doc),
+                               headers={"Content-Type": "application/json"}).status_code == 200
+        ids = {r["id"] for r in client.get("/api/v1/runs").json()["runs"]}
+        assert ids == {"ended", "live"}  # the other run was not deleted for them
+        assert retention.file_bytes(store.path) <= 1_100_000
+        tunings, stacks = store.reader().execute(
+            "SELECT (SELECT count(*) FROM tunings WHERE run_id = 'live'), (SELECT count(*) FROM events WHERE "
+            "run_id = 'live' AND kind = 'stalls' AND json_type(data, '$.stack') = 'text')").fetchone()
+        assert tunings >= 1 and stacks >= 20 and (tunings < 10 or stacks < 40)
+        stalls = client.get("/api/v1/runs/live/events/stalls?limit=100").json()["events"]
+        assert len(stalls) == 40  # every stall kept, the older ones without their stack
+        assert client.get("/api/v1/runs/live/tuning").status_code == 200  # the latest result kept

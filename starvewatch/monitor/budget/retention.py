@@ -12,7 +12,8 @@ passes the budget, down to LOW_WATER of it:
 2. per-second rollups are merged into coarser tiers (TIERS_S), oldest span first, never coarser
    than a run's length / MIN_BUCKETS: a whole run stays drawable with at least 1,000 buckets.
 3. the oldest ended runs are coarsened further (their raw window dropped), then live runs'
-   samples are folded whole (their recent span too: charts coarser, figures kept), then as a
+   samples are folded whole (their recent span too: charts coarser, figures kept), then every
+   run's older tuning results and stall stacks are reclaimed (document_trim.py), then as a
    last resort the oldest ended runs are deleted; each is logged, a coarsened or deleted run
    listed in `retention_log` (the runs page shows it as a banner).
 
@@ -38,7 +39,7 @@ import sqlite3
 import time
 
 from ...logonce import RateLimitedLog
-from . import raw_step_fold, rollup_tiers, sample_rollups
+from . import document_trim, raw_step_fold, rollup_tiers, sample_rollups
 from ..storage.database_file import file_bytes
 from ..storage.write_transaction import immediate_transaction
 
@@ -131,7 +132,7 @@ class Retention:
         done = {"steps": 0, "phases": 0, "rollups": 0, "samples": 0, "coarsened_runs": 0, "deleted_runs": 0}
         self.folds += 1
         for stage in (self._fold_raw, self._coarsen_tiers, self._coarsen_ended_runs, self._fold_live_samples,
-                      self._delete_ended_runs):
+                      self._trim_documents, self._delete_ended_runs):
             while self._reclaim() > target:
                 if not stage(done, self._reclaim() - target):
                     break
@@ -298,6 +299,19 @@ class Retention:
                                 self.max_bytes)
                 return True
         return False
+
+    def _trim_documents(self, done: dict, excess_bytes: int) -> bool:
+        """Before an ended run is deleted: older tuning results and stall stacks of every run,
+        a live one's included (document_trim.py)."""
+        with immediate_transaction(self.store._writer):
+            changed = document_trim.trim(self.store._writer)
+        if changed:
+            done["documents"] = done.get("documents", 0) + changed
+            log.warning("storage budget: %d older tuning results and stall stacks reclaimed, to keep the "
+                        "database within %d bytes", changed, self.max_bytes)
+            self.store.version += 1
+            self.store.deletions += 1  # cached answers of any run may hold them
+        return changed > 0
 
     def _whole_cut_ns(self, run_id: str, width_s: int) -> int:
         hi = sample_rollups.span(self.store._writer, run_id)[1]

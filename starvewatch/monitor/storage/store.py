@@ -315,6 +315,7 @@ class Store:
             w.execute("INSERT INTO tunings VALUES (?, ?, ?)", (run_id, time.time(), orjson.dumps(document).decode()))
             self.versions[run_id] += 1
             self.version += 1
+            self.retention.after_write()  # tuning results count toward the storage budget too
         return True
 
     def latest_tuning(self, run_id: str) -> dict | None:
