@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 import sys
 
 EXAMPLES = """examples:
@@ -230,6 +232,16 @@ def _dir(args):
     return Path(args.dir) if getattr(args, "dir", None) else default_dir()
 
 
+def read_token_file(path) -> str | None:
+    """A token file's token; refused when others may read it (it would be everyone's token)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, encoding="utf-8") as f:
+        mode = os.fstat(f.fileno()).st_mode
+        if mode & 0o077:
+            raise ValueError(f"other users may read it (mode {mode & 0o777:o}): chmod 600 it")
+        return f.read(4096).strip() or None
+
+
 def cmd_serve(args) -> int:
     from .monitor.web.collector_settings import CollectorSettings
     settings = CollectorSettings(host=args.host, port=args.port, dir=_dir(args), db=args.db,
@@ -258,11 +270,23 @@ def cmd_serve(args) -> int:
         settings.token = args.token
     if args.token_file:
         try:
-            settings.token = open(args.token_file, encoding="utf-8").read().strip() or None
-        except (OSError, UnicodeDecodeError) as exc:
-            return fail(f"cannot read the token file {args.token_file}: {exc}", EXIT_USAGE)
+            settings.token = read_token_file(args.token_file)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return fail(f"cannot use the token file {args.token_file}: {exc}", EXIT_USAGE)
         if settings.token is None:
             return fail(f"the token file {args.token_file} is empty", EXIT_USAGE)
+    from .defaults import default_dir
+    from .local_secrets import UnsafeSecret, check_private_dir, collector_key, local_token
+    try:
+        # The data directory, and the user's private one (the collector key: training asks
+        # a loopback collector to prove it holds it; the per-user token), never another's.
+        for directory in {Path(settings.dir), default_dir()}:
+            if directory.exists():
+                check_private_dir(directory)
+        settings.collector_key = collector_key(default_dir(), make=True)
+        settings.local_token = local_token(default_dir(), make=True)
+    except (UnsafeSecret, OSError) as exc:
+        return fail(str(exc), EXIT_USAGE)
     generated = None
     from .monitor.web.collector_settings import is_loopback
     if settings.token is None and not is_loopback(settings.host) and not args.autostarted:

@@ -9,28 +9,51 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from ...local_secrets import UnsafeSecret, collector_key, local_token, new_challenge, proof_ok
 from .transport import HttpTransport, TransportError
 
 START_TIMEOUT_S = 20.0
 IDLE_EXIT_S = 3600
 
 
-def probe(transport: HttpTransport) -> str:
+def probe(transport: HttpTransport, key: str | None = None) -> str:
     """'starvewatch' when our collector answers, 'other' for another server, 'unavailable' for
     a server error (a collector behind a proxy may be down: delivery keeps trying), 'none' if
-    nothing answers."""
+    nothing answers.
+
+    With `key` (a loopback collector: local_secrets.py), the collector must prove it holds the
+    user's collector key before it is ours: asked without the token, with a fresh challenge, so a
+    program squatting the port gets neither the token nor a record."""
+    challenge = new_challenge() if key is not None else None
+    asking = transport.without_token() if key is not None else transport
     try:
-        status, body = transport.request("GET", "/healthz")
+        status, body = asking.request("GET", "/healthz" + (f"?challenge={challenge}" if challenge else ""))
     except TransportError:
         return "none"
+    finally:
+        if asking is not transport:
+            asking.close()
     if status >= 500 or status in (408, 429):
         return "unavailable"
-    if status == 401 and b"starvewatch" in body:
+    if key is None and status == 401 and b"starvewatch" in body:
         return "starvewatch"  # ours, and the token is wrong: delivery will say so
     try:
-        return "starvewatch" if status == 200 and json.loads(body).get("service") == "starvewatch" else "other"
+        answer = json.loads(body)
+        if status != 200 or not isinstance(answer, dict) or answer.get("service") != "starvewatch":
+            return "other"
     except ValueError:
         return "other"
+    port = urllib.parse.urlsplit(transport.url).port or (443 if transport.url.startswith("https") else 80)
+    if key is not None and not proof_ok(key, challenge, port, answer.get("proof")):
+        return "not-ours"
+    return "starvewatch"
+
+
+def _key_for(url: str, directory: Path) -> str | None:
+    """The user's collector key for a loopback URL (made when missing), else None."""
+    if _loopback_host(url) is None:
+        return None  # a team collector: TLS and its token say who it is
+    return collector_key(directory, make=True)
 
 
 def _loopback_host(url: str) -> str | None:
@@ -53,10 +76,10 @@ def start_collector(directory: Path, host: str, port: int) -> None:
                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _wait_until_up(transport: HttpTransport, timeout_s: float) -> bool:
+def _wait_until_up(transport: HttpTransport, timeout_s: float, key: str | None = None) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if probe(transport) == "starvewatch":
+        if probe(transport, key) == "starvewatch":
             return True
         time.sleep(0.2)
     return False
@@ -64,15 +87,28 @@ def _wait_until_up(transport: HttpTransport, timeout_s: float) -> bool:
 
 def find_collector(url: str, directory: Path, transport: HttpTransport, *, autostart: bool,
                    local_rank: int) -> str:
-    """Probe the collector, start it when it may be started here; 'starvewatch', 'other' or
-    'none'. Runs in the sidecar (or on the shipper thread without one), never on `watch()`."""
-    found = probe(transport)
+    """Probe the collector, start it when it may be started here; 'starvewatch', 'other',
+    'not-ours' (a loopback server that cannot prove it is the user's) or 'none'. Runs in the
+    sidecar (or on the shipper thread without one), never on `watch()`."""
+    try:
+        key = _key_for(url, directory)
+    except (UnsafeSecret, OSError) as exc:
+        print(f"starvewatch: {exc}; keeping data in the spool", file=sys.stderr, flush=True)
+        return "not-ours"
+    if key is not None:
+        transport.require_proof(key)  # every connection of it, from now on
+    found = probe(transport, key)
     if found == "none" and autostart and local_rank == 0:
         host = _loopback_host(url)
         if host is not None:
-            found = _autostart(directory, host, urllib.parse.urlsplit(url).port or 80, transport)
+            found = _autostart(directory, host, urllib.parse.urlsplit(url).port or 80, transport, key)
     elif found == "none" and local_rank != 0:
-        found = "starvewatch" if _wait_until_up(transport, START_TIMEOUT_S) else "none"
+        found = "starvewatch" if _wait_until_up(transport, START_TIMEOUT_S, key) else "none"
+    if found == "starvewatch" and key is not None and not transport.has_token:
+        # Proved ours: the per-user token too, for a collector that cannot tell users apart by uid.
+        token = local_token(directory, make=True)
+        if token:
+            transport.use_token(token)
     return found
 
 
@@ -99,20 +135,28 @@ def announce(session, found: str) -> None:
         print(f"starvewatch: {settings.url} answers, but is not a starvewatch collector (check "
               f"STARVEWATCH_URL); keeping this run's data in {settings.dir / 'spool'}, for "
               f"`starvewatch import` or a collector started with this directory", file=sys.stderr, flush=True)
+    elif found == "not-ours" and not settings.quiet:
+        print(f"starvewatch: {settings.url} answers but cannot prove it is your collector (another user's, "
+              f"or another program on the port): nothing was sent to it; keeping data in "
+              f"{settings.dir / 'spool'} (STARVEWATCH_URL=http://127.0.0.1:OTHER_PORT starts your own)",
+              file=sys.stderr, flush=True)
 
 
-def _autostart(directory: Path, host: str, port: int, transport: HttpTransport) -> str:
+def _autostart(directory: Path, host: str, port: int, transport: HttpTransport, key: str | None = None) -> str:
     import fcntl
 
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "collector.lock", "w") as lock:
+    from ...private_files import make_private_dirs
+    make_private_dirs(directory)
+    # Never through a symlink someone planted, and owner-only (issue 36 item 5).
+    fd = os.open(directory / "collector.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    with os.fdopen(fd, "r+") as lock:
         # One starter per machine: the others wait here, then find it running.
         fcntl.flock(lock, fcntl.LOCK_EX)
-        found = probe(transport)
+        found = probe(transport, key)
         if found != "none":
             return found
         start_collector(directory, host, port)
-        return "starvewatch" if _wait_until_up(transport, START_TIMEOUT_S) else "none"
+        return "starvewatch" if _wait_until_up(transport, START_TIMEOUT_S, key) else "none"
 
 
 def previous_run(url: str, token: str | None, run: dict, timeout_s: float = 2.0) -> str | None:

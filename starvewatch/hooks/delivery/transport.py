@@ -68,10 +68,48 @@ class MemoryTransport:
         pass
 
 
+MAX_ANSWER_BYTES = 8 * 2**20  # the largest answer training reads (a run list for the compare link)
+
+
 class HttpTransport:
     """POSTs batches to the collector on one keep-alive connection (stdlib http.client)."""
 
     path = "/api/v1/ingest"
+
+    def without_token(self) -> "HttpTransport":
+        """The same collector, asked without the token (before it has proved it is ours)."""
+        return HttpTransport(self.url, None, timeout_s=self.timeout_s)
+
+    @property
+    def has_token(self) -> bool:
+        return bool(self._token)
+
+    def use_token(self, token: str) -> None:
+        self._token = token
+
+    def require_proof(self, key: str) -> None:
+        """From now on, every new connection must prove it reaches the user's own collector
+        (local_secrets.py: the answer to a fresh challenge under the collector key) before a
+        token or a record goes over it: whoever holds the port otherwise gets neither."""
+        self._key = key
+        self.close()
+
+    def _prove(self, conn) -> None:
+        from ...local_secrets import new_challenge, proof_ok
+        challenge = new_challenge()
+        conn.request("GET", f"{self._prefix}/healthz?challenge={challenge}")
+        response = conn.getresponse()
+        data = response.read(64 * 1024 + 1)
+        try:
+            answer = json.loads(data) if len(data) <= 64 * 1024 else None
+        except ValueError:
+            answer = None
+        if response.status != 200 or not isinstance(answer, dict) or not proof_ok(self._key, challenge, self._port,
+                                                                                   answer.get("proof")):
+            self.close()
+            raise TransportError(f"{self.url} cannot prove it is your collector (another user's, or another "
+                                 f"program on the port): nothing sent to it")
+        self._proved = True
 
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 5.0) -> None:
         parts = urllib.parse.urlsplit(url)
@@ -85,6 +123,8 @@ class HttpTransport:
         self._token = token
         self.timeout_s = timeout_s
         self._conn = None
+        self._key: str | None = None  # require_proof()
+        self._proved = False
 
     def _connection(self):
         if self._conn is None:
@@ -94,6 +134,7 @@ class HttpTransport:
                                                          context=client_context())
             else:
                 self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
+            self._proved = False
         return self._conn
 
     def request(self, method: str, path: str, body: bytes | None = None,
@@ -105,9 +146,17 @@ class HttpTransport:
             reused = self._conn is not None
             try:
                 conn = self._connection()
+                if self._key is not None and not self._proved:
+                    self._prove(conn)
                 conn.request(method, self._prefix + path, body=body, headers=all_headers)
                 response = conn.getresponse()
-                return response.status, response.read()
+                # Read within a bound: whatever answers on the port cannot make training's
+                # memory grow with it (a 512 MiB answer once took a process to 1 GiB).
+                data = response.read(MAX_ANSWER_BYTES + 1)
+                if len(data) > MAX_ANSWER_BYTES:
+                    self.close()
+                    raise TransportError(f"{method} {path}: answer over {MAX_ANSWER_BYTES} bytes; not a collector's")
+                return response.status, data
             except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine) as exc:
                 self.close()
                 # A kept-alive connection to a collector that restarted fails once; a new one

@@ -173,7 +173,8 @@ def _service_routes(app: FastAPI, state: dict) -> None:
     async def healthz():
         """Whether a starvewatch collector answers here, its version and schemas. The hooks and the
         CLI ask it first. Without the token of a collector that has one, it answers 401 with a
-        body naming starvewatch, so a client still knows what answers.
+        body naming starvewatch, so a client still knows what answers. (`?challenge=` is answered
+        by the guard, before the token: the collector's proof that it is the user's, guard.py.)
 
         Example: `curl http://127.0.0.1:8412/healthz` gives `{"service": "starvewatch", "version":
         "0.1.0", "pid": 4242, ...}`."""

@@ -54,6 +54,10 @@ class CollectorSettings:
     max_connections: int = 100          # open connections at once; more are closed at once
     ssl_certfile: Path | None = None    # TLS (uvicorn's): both files, or neither
     ssl_keyfile: Path | None = None
+    # The user's own (local_secrets.py), loaded by `serve`: the collector key answers training's
+    # challenge on /healthz; the per-user token opens a loopback collector to its user.
+    collector_key: str | None = None
+    local_token: str | None = None
 
     @property
     def db_path(self) -> Path:

@@ -26,6 +26,19 @@ refusals = RateLimitedLog(log, interval_s=60.0)
 _by_client: dict[tuple, "H11Protocol"] = {}
 
 
+def connection_uid(client, server) -> int | None:
+    """The local user at the other end of a loopback connection (peer.py), read once per
+    connection and kept with it; None when it cannot be known."""
+    from .peer import peer_uid
+    protocol = _by_client.get(tuple(client)) if client else None
+    if protocol is not None and hasattr(protocol, "_starvewatch_uid"):
+        return protocol._starvewatch_uid
+    uid = peer_uid(client, server)
+    if protocol is not None:
+        protocol._starvewatch_uid = uid
+    return uid
+
+
 def release_slot(client) -> None:
     """The connection of `client` stops counting toward `max_connections` (a wrong token's
     answer waits, slowed, guard.py: it must not keep clients with the right token out)."""

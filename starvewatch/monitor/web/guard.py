@@ -29,6 +29,7 @@ import asyncio
 import hmac
 import ipaddress
 import logging
+import os
 import time
 from collections import OrderedDict
 from http.cookies import CookieError, SimpleCookie
@@ -36,7 +37,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import orjson
 
-from .connections import release_slot
+from .connections import connection_uid, release_slot
 from .framing import response_headers
 from .peer import peer_uid
 from .login_cookie import session_value
@@ -167,6 +168,9 @@ class Guard:
         self.cookie = cookie_name(settings.port)
         self.session = session_value(settings) if settings.token else None
         self.failures = _Failures()
+        self.own_uid = os.geteuid()
+        local = getattr(settings, "local_token", None)
+        self.local_token = local.encode() if local else None
 
     # ---- the checks --------------------------------------------------------------------------
     def _host_allowed(self, host_header: str | None) -> bool:
@@ -199,6 +203,22 @@ class Guard:
         expected = self.session if where == "cookie" else self.token
         return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected)
 
+    def _same_user(self, scope, headers: dict) -> bool:
+        """Without a token, a loopback collector answers only its own user (and root): on a
+        shared machine every account can connect to 127.0.0.1, and the files are 0600 for a
+        reason. The user is the uid owning the client's socket (peer.py); the browser, the
+        notebook's frame and VS Code's port forwarding all connect as the user. Someone who
+        cannot be told apart (no /proc) shows the per-user token (local_secrets.py) instead."""
+        client = scope.get("client")
+        if not client or not _is_ip(client[0]):
+            return True  # not a socket (an in-process test client)
+        uid = connection_uid(client, scope.get("server"))
+        if uid is not None and uid in (self.own_uid, 0):
+            return True
+        given, _ = self._given_token(headers, "")
+        return self.local_token is not None and given is not None and hmac.compare_digest(
+            given.encode("utf-8", "surrogateescape"), self.local_token)
+
     @staticmethod
     def _origin_ok(headers: dict) -> bool:
         origin = headers.get("origin")
@@ -220,6 +240,16 @@ class Guard:
         if not self._host_allowed(headers.get("host")):
             return await self._refuse(scope, receive, send, 403, "this collector answers to a loopback "
                                       "address only (Host header refused: DNS rebinding protection)")
+        if self.token is None and not self._same_user(scope, headers):
+            return await self._refuse(scope, receive, send, 403, "this collector belongs to another user of "
+                                      "this machine (start your own: another --port, or your own STARVEWATCH_DIR)")
+        if kind == "http" and method == "GET" and scope.get("path") == "/healthz" and self.settings.collector_key:
+            challenge = dict(parse_qsl(query)).get("challenge")
+            if challenge is not None:
+                # Training's question before it sends a token or a record: do you hold my
+                # collector key (local_secrets.py)? Answered before the token, which the
+                # question is there to protect.
+                return await self._prove(send, challenge)
         if self.token is not None:
             given, where = self._given_token(headers, query)
             address = (scope.get("client") or ("?",))[0]
@@ -337,6 +367,17 @@ class Guard:
             (b"connection", b"close"), *SECURITY_HEADERS, *extra]})
         await send({"type": "http.response.body", "body": body})
 
+    async def _prove(self, send, challenge: str) -> None:
+        from ...local_secrets import MAX_CHALLENGE_CHARS, proof
+        if not (16 <= len(challenge) <= MAX_CHALLENGE_CHARS and all(c in "0123456789abcdef" for c in challenge)):
+            return await self._respond(send, 422, "challenge: 16 to 128 lowercase hex digits")
+        body = orjson.dumps({"service": SERVICE, "proof": proof(self.settings.collector_key, challenge,
+                                                                 self.settings.port)})
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"cache-control", b"no-store"), *SECURITY_HEADERS]})
+        await send({"type": "http.response.body", "body": body})
+
     async def _refuse(self, scope, receive, send, status: int, detail: str, extra=()) -> None:
         if scope["type"] == "http":
             return await self._respond(send, status, detail, extra)
@@ -362,6 +403,14 @@ class Guard:
             (b"location", location), (b"content-length", b"0"),
             (b"set-cookie", cookie[self.cookie].OutputString().encode("latin-1")), *SECURITY_HEADERS]})
         await send({"type": "http.response.body", "body": b""})
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _client_key(scope) -> str:
