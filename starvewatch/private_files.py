@@ -28,3 +28,9 @@ def make_private_dirs(path: Path) -> None:
             directory.mkdir(mode=DIR_MODE)
         except FileExistsError:  # made meanwhile by another process
             pass
+
+
+def open_private(path, flags: int) -> int:
+    """os.open for a file of ours: never through a symlink (a planted link would make us write
+    another user's file), created owner-only, `O_EXCL` where the caller creates it anew."""
+    return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), FILE_MODE)

@@ -159,7 +159,8 @@ class Session:
         return self._gpu_timer
 
     def stack_dir_made(self):
-        self.stack_dir.mkdir(parents=True, exist_ok=True)
+        from ..private_files import make_private_dirs
+        make_private_dirs(self.stack_dir)  # stacks show code and data paths: owner-only
         return self.stack_dir
 
     # ---- loaders ----------------------------------------------------------------------------
@@ -338,7 +339,7 @@ def init(name: str | None = None, *, url: str | None = None, dir=None, transport
             _RESUME = None
         else:
             settings = HookSettings.from_env(url=url, dir=dir)
-        if settings.disabled:
+        if settings.disabled or not _dir_is_ours(settings):
             return None
         if "google.colab" in sys.modules:  # before the sidecar may start a collector
             from .notebook import prepare_environment
@@ -516,6 +517,19 @@ def watch(loader, name: str | None = None):
     if shell is not None:
         _in_kernel(shell, session)
     return wrapped
+
+
+def _dir_is_ours(settings) -> bool:
+    """An existing STARVEWATCH_DIR of another user, or one others may write to, would hand them
+    this run's spool, stacks and secrets: refused with one line, training goes on unmonitored."""
+    from ..local_secrets import UnsafeSecret, check_private_dir
+    try:
+        if settings.dir.exists():
+            check_private_dir(settings.dir)
+    except (UnsafeSecret, OSError) as exc:
+        print(f"starvewatch: monitoring off for this process: {exc}", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def _rewatched(session: Session, state: LoaderState, config: dict):

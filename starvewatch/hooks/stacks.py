@@ -15,6 +15,8 @@ import os
 import signal
 import time
 
+from ..private_files import open_private
+
 MAX_STACK_BYTES = 64 * 1024  # a dump of hundreds of threads is cut here
 
 
@@ -30,7 +32,7 @@ def register(path: str) -> int:
         try:
             if signal.getsignal(signum) != signal.SIG_DFL:
                 continue  # the user's (or a framework's) handler: never replaced
-            stream = open(path, "ab", buffering=0)
+            stream = os.fdopen(open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab", buffering=0)
             faulthandler.register(signum, file=stream, all_threads=True, chain=False)
             _KEEP.append(stream)  # faulthandler writes to the fd: the file must stay open
             return signum
@@ -92,7 +94,7 @@ def dump_self(path: str) -> str | None:
     """This process's threads, as faulthandler writes them (the training thread when the
     loader runs in it: num_workers=0, or a hang inside `iter()`)."""
     try:
-        with open(path, "w+b") as f:
+        with os.fdopen(open_private(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC), "w+b") as f:
             faulthandler.dump_traceback(file=f, all_threads=True)
             f.seek(0)
             return f.read(MAX_STACK_BYTES).decode("utf-8", "replace")

@@ -21,6 +21,7 @@ from time import perf_counter_ns, thread_time_ns, time_ns
 
 from ..logonce import RateLimitedLog
 from .. import worker_batches
+from ..private_files import open_private
 
 _failures = RateLimitedLog(logging.getLogger("starvewatch.hooks"), interval_s=3600)
 
@@ -64,7 +65,10 @@ class WorkerBoard:
         self.num_workers = min(num_workers, MAX_WORKERS)
         self.stack_dir = stack_dir  # where the workers' faulthandler files go
         self.path = _board_dir() / f"starvewatch-{os.getpid()}-{secrets.token_hex(4)}.workers"
-        with open(self.path, "wb") as f:
+        # Owner-only and made anew (O_EXCL, no symlink followed): the board says which dataset
+        # indices each worker loads, and /dev/shm is shared by every user of the machine.
+        fd = open_private(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        with os.fdopen(fd, "wb") as f:
             f.write(b"\0" * (rings_base(self.num_workers) + worker_batches.RING_BYTES * self.num_workers))
         self._file = open(self.path, "rb")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)

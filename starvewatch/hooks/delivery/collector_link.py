@@ -66,14 +66,20 @@ def start_collector(directory: Path, host: str, port: int) -> None:
     shell that exits at once, so the collector is nobody's child (no zombie, no wait)."""
     import shlex
 
-    directory.mkdir(parents=True, exist_ok=True)
+    from ...private_files import make_private_dirs, open_private
+    make_private_dirs(directory)
     env = dict(os.environ, STARVEWATCH_DIR=str(directory))
     cmd = [sys.executable, "-m", "starvewatch", "serve", "--host", host, "--port", str(port),
            "--dir", str(directory), "--idle-exit", str(IDLE_EXIT_S), "--autostarted"]
-    log = shlex.quote(str(directory / "collector.log"))
-    script = f"{' '.join(map(shlex.quote, cmd))} </dev/null >>{log} 2>&1 &"
-    subprocess.run(["/bin/sh", "-c", script], env=env, start_new_session=True, check=True,
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # The log opened here, owner-only and never through a symlink (a shell's `>>` follows one:
+    # another user could have pointed collector.log at a file of yours to truncate).
+    log_fd = open_private(directory / "collector.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        script = f"{' '.join(map(shlex.quote, cmd))} </dev/null &"
+        subprocess.run(["/bin/sh", "-c", script], env=env, start_new_session=True, check=True,
+                       stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd)
+    finally:
+        os.close(log_fd)
 
 
 def _wait_until_up(transport: HttpTransport, timeout_s: float, key: str | None = None) -> bool:
@@ -101,7 +107,11 @@ def find_collector(url: str, directory: Path, transport: HttpTransport, *, autos
     if found == "none" and autostart and local_rank == 0:
         host = _loopback_host(url)
         if host is not None:
-            found = _autostart(directory, host, urllib.parse.urlsplit(url).port or 80, transport, key)
+            try:
+                found = _autostart(directory, host, urllib.parse.urlsplit(url).port or 80, transport, key)
+            except OSError as exc:  # a symlink planted as collector.lock or .log: never followed
+                print(f"starvewatch: cannot start a collector in {directory}: {exc}", file=sys.stderr, flush=True)
+                found = "none"
     elif found == "none" and local_rank != 0:
         found = "starvewatch" if _wait_until_up(transport, START_TIMEOUT_S, key) else "none"
     if found == "starvewatch" and key is not None and not transport.has_token:
@@ -145,10 +155,10 @@ def announce(session, found: str) -> None:
 def _autostart(directory: Path, host: str, port: int, transport: HttpTransport, key: str | None = None) -> str:
     import fcntl
 
-    from ...private_files import make_private_dirs
+    from ...private_files import make_private_dirs, open_private
     make_private_dirs(directory)
     # Never through a symlink someone planted, and owner-only (issue 36 item 5).
-    fd = os.open(directory / "collector.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    fd = open_private(directory / "collector.lock", os.O_RDWR | os.O_CREAT)
     with os.fdopen(fd, "r+") as lock:
         # One starter per machine: the others wait here, then find it running.
         fcntl.flock(lock, fcntl.LOCK_EX)

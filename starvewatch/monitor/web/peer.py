@@ -23,8 +23,12 @@ def _hex_v6(host: str, port: int) -> str:
     return "".join(f"{w:08X}" for w in words) + f":{port:04X}"
 
 
+UNKNOWABLE = -1  # no socket table to read (not Linux, /proc hidden): users cannot be told apart
+
+
 def peer_uid(client: tuple | None, server: tuple | None) -> int | None:
-    """The uid owning the client's socket of a loopback connection, or None."""
+    """The uid owning the client's socket of a loopback connection; None when not found (not
+    loopback, or the socket gone); UNKNOWABLE when there is no table to look in."""
     if not client or not server or len(client) < 2 or len(server) < 2:
         return None
     try:
@@ -39,7 +43,11 @@ def peer_uid(client: tuple | None, server: tuple | None) -> int | None:
             table, local, remote = "/proc/net/tcp", _hex_v4(client[0], client[1]), _hex_v4(server[0], server[1])
         else:
             table, local, remote = "/proc/net/tcp6", _hex_v6(client[0], client[1]), _hex_v6(server[0], server[1])
-        with open(table, "rb") as f:
+        f = open(table, "rb")
+    except OSError:
+        return UNKNOWABLE
+    try:
+        with f:
             for line in f:
                 fields = line.split()
                 if len(fields) > 7 and fields[1].decode() == local and fields[2].decode() == remote:
