@@ -43,10 +43,23 @@ REDACTION_TABLE = [
     (["s3://AKIAK20@bucket/key"], ["s3://***@bucket/key"]),
     (["--url", "https://h/x?token=k21&page=2"], ["--url", "https://h/x?token=***&page=2"]),
     (["-H", "Authorization: Bearer k22"], ["-H", "Authorization: Bearer ***"]),
+    # Issue 36's probe: each of these was stored as sent.
+    (["--data", "https://a.blob.core.windows.net/c/x?sv=2022-11-02&se=2026&sp=r&sig=k23%3D"],
+     ["--data", "https://a.blob.core.windows.net/c/x?sv=2022-11-02&se=2026&sp=r&sig=***"]),
+    (["-pk24secret"], ["-p***"]),
+    (["--callback", "https://h/cb#access_token=k25&state=1"], ["--callback", "https://h/cb#access_token=***&state=1"]),
+    (["-H", "X-Api-Key: k26"], ["-H", "X-Api-Key: ***"]),
+    (["--dsn", "host=db user=me password=k27 dbname=x"], ["--dsn", "host=db user=me password=*** dbname=x"]),
+    (["--model", "hf_k28abcdefghijklmnopqrstuvwxyz"], ["--model", "***"]),
+    (["--llm", "sk-k29abcdefghijklmnopqrstuvwxyz0123"], ["--llm", "***"]),
+    (["--repo", "ghp_k30abcdefghijklmnopqrstuvwxyz0123"], ["--repo", "***"]),
+    (["--x=github_pat_k31abcdefghijklmnopqrstuvwxyz"], ["--x=***"]),
     # Not secrets: kept as they are.
     (["--lr", "3e-4", "--epochs", "3"], ["--lr", "3e-4", "--epochs", "3"]),
     (["--keyword", "cats", "--author", "me"], ["--keyword", "cats", "--author", "me"]),
     (["--output=run.json", "https://example.com/data.tar"], ["--output=run.json", "https://example.com/data.tar"]),
+    (["-p", "8"], ["-p", "***"]),  # (-p is a password to mysql: hidden, a port too; cheap)
+    (["--model", "hf_hub_model", "--task", "sk-learn"], ["--model", "hf_hub_model", "--task", "sk-learn"]),
 ]
 
 
