@@ -396,7 +396,9 @@ def cmd_import(args) -> int:
     store.close()
     print(f"imported {count} new batches from {root} into {settings.store_label.split(' ', 1)[1]}"
           + (f"; {importer.rejected_count} unreadable files set aside (in {importer.rejected_root}, "
-             f"each with a .reason file)" if importer.rejected_count else ""))
+             f"each with a .reason file)" if importer.rejected_count else "")
+          + (f"; {importer.not_files} entries that are not regular files skipped (a FIFO?)"
+             if importer.not_files else ""))
     return EXIT_OK
 
 

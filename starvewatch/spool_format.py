@@ -11,7 +11,10 @@ in delivery order. A file is read within the same bound as an HTTP body (limits.
 """
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 import zlib
 from pathlib import Path
 
@@ -49,14 +52,32 @@ def inflate(data: bytes, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> bytes:
     return out
 
 
-def read_spool_file(path: Path, max_bytes: int = MAX_DECOMPRESSED_BYTES) -> dict:
-    """One batch; OSError when the file cannot be read now, SpoolFileError when its content
-    is not a batch."""
-    with open(path, "rb") as f:
+class NotRegularFile(OSError):
+    """A spool entry that is not a regular file (a FIFO, a device, a symlink): never opened for
+    reading, which could block the sweep forever (a FIFO has no writer)."""
+
+
+def read_spool_file(path: Path, max_bytes: int = MAX_DECOMPRESSED_BYTES, text_problem=None) -> dict:
+    """One batch; OSError when the file cannot be read now (NotRegularFile: never), and
+    SpoolFileError when its content is not a batch. `text_problem(text)`: a reason to refuse
+    the inflated text before it is parsed (the collector's count of JSON values, as for HTTP)."""
+    try:
+        # O_NONBLOCK: opening a FIFO without a writer returns at once instead of waiting.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFile(f"{path} is a symbolic link") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
         raw = f.read(max_bytes + 65536)  # gzip never grows data by more than a few bytes per block
         if f.read(1):
             raise SpoolFileError(f"over the limit of {max_bytes} bytes")
     text = inflate(raw, max_bytes)
+    problem = text_problem(text) if text_problem is not None else None
+    if problem is not None:
+        raise SpoolFileError(problem)
     try:
         batch = json.loads(text)
     except RecursionError:

@@ -16,7 +16,8 @@ from ...batch_parts import split
 from ...ids import id_problem
 from ...limits import MAX_LIST_RECORDS
 from ...logonce import RateLimitedLog
-from ...spool_format import GLOB, read_spool_file
+from ...spool_format import GLOB, NotRegularFile, read_spool_file
+from ..web.json_bounds import json_values_problem
 from ..web.wire_models import EventBatch
 from .open_store import database_errors
 
@@ -37,6 +38,7 @@ class SpoolImporter:
         self.rejected_count = 0
         self.rejected_files: list[str] = []
         self._skip: set[Path] = set()  # rejected but could not be moved: said once, not retried
+        self.not_files = 0  # entries that are not regular files (a FIFO): skipped, counted
 
     @property
     def rejected_root(self) -> Path:
@@ -57,11 +59,16 @@ class SpoolImporter:
         for path in self.files():
             payload = None
             try:
-                payload = read_spool_file(path)
+                payload = read_spool_file(path, text_problem=json_values_problem)
                 batches = [EventBatch.model_validate(part) for part in split(payload, MAX_LIST_RECORDS)]
                 stored = False
                 for batch in batches:
                     stored = self.store.ingest(batch) or stored
+            except NotRegularFile as exc:  # a FIFO named like a spool file: never read, never waited on
+                self._skip.add(path)
+                self.not_files += 1
+                log.warning("spool entry skipped: %s", exc)
+                continue
             except FileNotFoundError:
                 continue  # the producing process replayed it meanwhile
             except database_errors() as exc:  # the database is busy or full: the file is fine, try it again later
