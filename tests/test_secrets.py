@@ -81,6 +81,33 @@ def test_the_login_cookie_is_not_the_token_and_opens_only_its_own_port(collector
     assert call(a, "GET", "/api/v1/runs", {"Cookie": f"{name}={TOKEN}"})[0] == 401
 
 
+def test_the_login_cookie_reads_pages_only_and_expires(collector):
+    """Issue 36: the cookie was a full, never-expiring API credential (a script in the
+    collector's origin deleted runs with it)."""
+    import hashlib
+    import hmac as _hmac
+    from tests.test_security import JSON, batch
+    c = collector(token=TOKEN)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert call(c, "POST", "/api/v1/ingest", {**JSON, **auth}, batch("kept"))[0] == 200
+    status, headers, _ = call(c, "GET", f"/?token={TOKEN}")
+    set_cookie = headers["set-cookie"]
+    cookie = {"Cookie": set_cookie.split(";")[0]}
+    assert "Max-Age=43200" in set_cookie
+    assert call(c, "GET", "/api/v1/runs/kept", cookie)[0] == 200
+    assert call(c, "GET", "/runs/kept", cookie)[0] == 200
+    for method, path, body in (("POST", "/api/v1/ingest", batch("forged")), ("DELETE", "/api/v1/runs/kept", None),
+                               ("POST", "/api/v1/runs/kept/tuning", b"{}")):
+        status, _, text = call(c, method, path, {**JSON, **cookie}, body)
+        assert status == 403 and b"reads pages only" in text, (method, path, status, text)
+    assert call(c, "GET", "/api/v1/runs/kept", auth)[0] == 200  # nothing was deleted
+    # An expired login (made with the collector's own secret, as a stolen old cookie would be).
+    key = (c.directory / "session-secret").read_bytes()
+    expired = int(time.time()) - 60
+    mac = _hmac.new(key, f"starvewatch-session\0{TOKEN}\0{expired}".encode(), hashlib.sha256).hexdigest()
+    assert call(c, "GET", "/api/v1/runs", {"Cookie": f"starvewatch_session_{c.port}={expired}.{mac}"})[0] == 401
+
+
 def test_wrong_tokens_are_slowed_and_answered_one_at_a_time(collector):
     c = collector(token=TOKEN)
     statuses = []

@@ -40,7 +40,7 @@ import orjson
 from .connections import connection_uid, release_slot
 from .framing import response_headers
 from .peer import UNKNOWABLE, peer_uid
-from .login_cookie import session_value
+from .login_cookie import SESSION_S, Sessions
 
 log = logging.getLogger("starvewatch.collector")
 _traced: set[str] = set()  # kinds of internal errors whose traceback was logged already
@@ -166,7 +166,7 @@ class Guard:
         self.token = settings.token.encode() if settings.token else None
         self.bound_host = host_name(settings.host) if settings.host else ""
         self.cookie = cookie_name(settings.port)
-        self.session = session_value(settings) if settings.token else None
+        self.sessions = Sessions(settings) if settings.token else None
         self.failures = _Failures()
         self.own_uid = os.geteuid()
         local = getattr(settings, "local_token", None)
@@ -200,8 +200,16 @@ class Guard:
     def _token_ok(self, given: str | None, where: str) -> bool:
         if given is None:
             return False
-        expected = self.session if where == "cookie" else self.token
-        return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), expected)
+        if where == "cookie":
+            return self.sessions.valid(given)
+        return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), self.token)
+
+    @staticmethod
+    def _cookie_may(method: str, path: str) -> bool:
+        """A login cookie reads pages: GET and HEAD, and the dashboard's own callbacks (Dash
+        POSTs them; they only read). Never ingest, delete or store: a script that runs in the
+        collector's origin (the browser sends the cookie with it) changes nothing."""
+        return method in SAFE_METHODS or method == "WEBSOCKET" or path.startswith("/_dash-")
 
     def _same_user(self, scope, headers: dict) -> bool:
         """Without a token, a loopback collector answers only its own user (and root): on a
@@ -264,6 +272,9 @@ class Guard:
                     return await self._refuse(scope, receive, send, 429, "too many wrong tokens from this "
                                               "client; wait before trying again", extra=(
                                                   (b"retry-after", str(self.failures.retry_after_s(key)).encode()),))
+            if where == "cookie" and self._token_ok(given, where) and not self._cookie_may(method, scope.get("path", "")):
+                return await self._refuse(scope, receive, send, 403, "the login cookie reads pages only: "
+                                          "this route wants the token (Authorization: Bearer)")
             if not self._token_ok(given, where):
                 if given is not None:  # a guess (a missing token is no attempt): slowed
                     if self.failures.pending >= MAX_PENDING:
@@ -398,8 +409,8 @@ class Guard:
         path = b"/" + path.lstrip(b"/")  # `//host/` would send the browser to another site
         location = path + (f"?{rest}".encode("latin-1", "replace") if rest else b"")
         cookie = SimpleCookie()
-        cookie[self.cookie] = self.session.decode("ascii")
-        cookie[self.cookie].update({"httponly": True, "samesite": "Strict", "path": "/",
+        cookie[self.cookie] = self.sessions.new_value()
+        cookie[self.cookie].update({"httponly": True, "samesite": "Strict", "path": "/", "max-age": SESSION_S,
                                     "secure": scope.get("scheme") == "https"})
         await send({"type": "http.response.start", "status": 303, "headers": [
             (b"location", location), (b"content-length", b"0"),

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import time
 from pathlib import Path
 
 SECRET_FILE = "session-secret"
@@ -35,7 +36,31 @@ def _secret(directory: Path) -> bytes:
     return data
 
 
-def session_value(settings) -> bytes:
-    """The cookie value for `settings.token`, as ASCII bytes (hex)."""
-    key = _secret(settings.dir)
-    return hmac.new(key, f"starvewatch-session\0{settings.token}".encode(), hashlib.sha256).hexdigest().encode()
+SESSION_S = 12 * 3600  # a login lasts this long; then the browser logs in again (?token=)
+
+
+def _mac(key: bytes, token: str, expires_s: int) -> str:
+    return hmac.new(key, f"starvewatch-session\0{token}\0{expires_s}".encode(), hashlib.sha256).hexdigest()
+
+
+class Sessions:
+    """Login cookies of one collector: `<expiry>.<HMAC of token and expiry>`. A cookie reads
+    pages only (guard.py: never ingest, delete or store), and expires after SESSION_S."""
+
+    def __init__(self, settings) -> None:
+        self.key = _secret(settings.dir)
+        self.token = settings.token
+
+    def new_value(self, now_s: float | None = None) -> str:
+        expires_s = int(now_s if now_s is not None else time.time()) + SESSION_S
+        return f"{expires_s}.{_mac(self.key, self.token, expires_s)}"
+
+    def valid(self, value: str, now_s: float | None = None) -> bool:
+        expiry, _, mac = value.partition(".")
+        if not (expiry.isdigit() and len(expiry) <= 12 and mac):
+            return False
+        expires_s = int(expiry)
+        now_s = now_s if now_s is not None else time.time()
+        if not now_s < expires_s <= now_s + SESSION_S + 60:
+            return False
+        return hmac.compare_digest(mac.encode("utf-8", "surrogateescape"), _mac(self.key, self.token, expires_s).encode())
