@@ -80,3 +80,24 @@ def test_the_hooks_keep_within_the_loader_bound(memory_run):
     starvewatch.finish()
     names = {n for p in transport.payloads for n in p["steps"]["loader"]}
     assert len(names) == limits.MAX_LOADERS_PER_RUN and limits.OVERFLOW_LOADER in names
+
+
+def test_a_stream_id_is_its_runs(collector):
+    """Issue 36: run B reusing run A's stream id (the API shows it) made A's next batch a
+    "duplicate" and marked A finished."""
+    c = collector()
+    a1 = _batch("run-a", 1)
+    a1["stream"] = "shared-stream"
+    assert _post(c, "/api/v1/ingest", a1)[0] == 200
+    b = _batch("run-b", 2, stalls=0)
+    b.update(stream="shared-stream", status="finished")
+    status, body = _post(c, "/api/v1/ingest", b)
+    assert status == 422 and "belongs to another run" in body, body
+    a2 = _batch("run-a", 2)
+    a2["stream"] = "shared-stream"
+    a2["steps"]["step"] = [s + 100 for s in a2["steps"]["step"]]
+    assert _post(c, "/api/v1/ingest", a2)[0] == 200
+    run = c.get("/api/v1/runs/run-a")
+    assert run["run"]["status"] != "finished", run["run"]
+    csv_rows = call(c, "GET", "/api/v1/runs/run-a/export?format=csv")[2].decode().strip().splitlines()
+    assert len(csv_rows) == 1 + 60, len(csv_rows)  # both of A's batches stored, none taken for B's

@@ -47,3 +47,13 @@ def check_tuning(w: sqlite3.Connection, run_id: str) -> None:
     if stored >= MAX_TUNINGS_PER_RUN:
         raise RunBoundError(f"run {run_id!r} has {stored:,} tuning results already, the limit per run "
                             f"(starvewatch/limits.py); tune under a new run name")
+
+
+def check_stream_owner(w: sqlite3.Connection, batch) -> None:
+    """A stream id is its run's: another run reusing it (the API shows it) once made the first
+    run's next batch a "duplicate" and marked that run finished. Checked before anything,
+    the replay check included."""
+    row = w.execute("SELECT run_id FROM streams WHERE stream = ?", (batch.stream,)).fetchone()
+    if row is not None and row[0] != batch.run_id:
+        raise RunBoundError(f"stream id {batch.stream!r} belongs to another run; each process of a run "
+                            f"sends under a stream id of its own")

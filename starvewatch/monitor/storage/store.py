@@ -26,7 +26,7 @@ from ...stats import LoaderTotals, RecordStats
 from . import database_file
 from ..budget import retention, rollup_bands, run_rollups
 from .batch_records import only_records
-from .run_bounds import check_batch, check_tuning
+from .run_bounds import check_batch, check_stream_owner, check_tuning
 from .step_ingest import insert_steps
 from .store_schema import DDL, SCHEMA_VERSION, migrate_tables
 from .write_transaction import immediate_transaction
@@ -100,6 +100,7 @@ class Store:
             w = self._writer
             w.execute("BEGIN IMMEDIATE")
             try:
+                check_stream_owner(w, batch)  # run_bounds.py: a stream id is its run's
                 stored = w.execute("SELECT first, end FROM seen WHERE stream = ? AND seq = ?",
                                    (batch.stream, batch.seq)).fetchall()
                 todo = uncovered(first, end, stored) if end > first else ([] if stored else [(first, end)])
