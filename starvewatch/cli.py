@@ -104,8 +104,24 @@ def cmd_export(args, source) -> int:
         extra = f" ({rows} rows)" if rows is not None else ""
         print(f"wrote {args.output}: run {run_id} as {args.format}{extra}", file=sys.stderr)
     else:
-        export(source, run_id, args.format, sys.stdout)
+        # To the terminal: a stored escape sequence (in a stack, a tuning note) is shown as a
+        # space, never run (JSON escapes its own; a file written with --output keeps the text).
+        shown = args.format == "md" or (args.format == "csv" and sys.stdout.isatty())
+        export(source, run_id, args.format, _PrintableOut(sys.stdout) if shown else sys.stdout)
     return EXIT_OK
+
+
+class _PrintableOut:
+    """A text stream whose writes go through printable()."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(printable(text.replace("\r\n", "\n")))
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
 
 
 @_with_source

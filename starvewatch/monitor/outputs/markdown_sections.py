@@ -59,8 +59,8 @@ def tuning_lines(tuning: dict | None) -> list[str]:
         return []
     lines = ["", "## Measured tuning (`starvewatch tune`)", "",
              f"{len(tuning.get('trials') or [])} trials in {tuning.get('elapsed_s') or 0:.1f} s of a "
-             f"{tuning.get('budget_s')} s budget on {md_text(tuning.get('host') or 'unknown host')} "
-             f"({tuning.get('cores')} cores), {tuning.get('created_at')}.", "",
+             f"{md_text(tuning.get('budget_s'))} s budget on {md_text(tuning.get('host') or 'unknown host')} "
+             f"({md_text(tuning.get('cores'))} cores), {md_text(tuning.get('created_at'))}.", "",
              "| configuration | batches/s | samples/s | worker memory | CPU % | status |",
              "|---|---:|---:|---:|---:|---|"]
     answer = tuning.get("answer") or {}
