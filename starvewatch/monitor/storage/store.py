@@ -146,8 +146,15 @@ class Store:
                                     orjson.dumps(e).decode()) for kind, e in events])
                 w.execute("COMMIT")
             except BaseException as exc:
-                w.execute("ROLLBACK")
-                self._stats_cache.clear()  # may hold this batch's records: reload from disk
+                # The cache first: it may hold this batch's records (reloaded from disk next
+                # time). A failed COMMIT (a full disk) has rolled back already, and the ROLLBACK
+                # below then raises: the cache must be cleared whatever it does, or a resent
+                # batch would count twice for good.
+                self._stats_cache.clear()
+                try:
+                    w.execute("ROLLBACK")
+                except sqlite3.OperationalError:
+                    pass  # no transaction left: SQLite rolled it back itself
                 if isinstance(exc, orjson.JSONEncodeError):  # an integer past 64 bits in a free-form field
                     raise ValueError(f"batch cannot be stored: {exc}") from None
                 raise

@@ -207,6 +207,14 @@ def _ingest_routes(app: FastAPI, state: dict, settings: CollectorSettings) -> No
             stored = await run_in_threadpool(state["store"].ingest, batch)
         except ValueError as exc:  # the store refused it whole (rolled back): nothing was written
             raise HTTPException(422, f"invalid event batch: {exc}") from None
+        except sqlite3.OperationalError as exc:
+            if "full" not in str(exc):
+                raise
+            # 507: the batch was not stored (rolled back, caches with it); the sender keeps it
+            # and sends it again later, counted once.
+            sweep_errors.error("disk-full", "batch not stored: %s", exc)
+            raise HTTPException(507, f"the collector's disk is full ({exc}); the batch was not stored, "
+                                     f"send it again later") from None
         state["last_activity"] = time.time()
         return {"stored": stored, "duplicate": not stored, "records": len(batch.steps),
                 "run_url": f"/runs/{batch.run_id}"}
