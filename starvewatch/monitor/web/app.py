@@ -365,7 +365,7 @@ def _export_routes(app: FastAPI, state: dict) -> None:
     """A run as a file: JSON, CSV (streamed), Markdown or HTML."""
 
     @app.get("/api/v1/runs/{run_id}/export")
-    def export_run(run_id: str, format: str = Q("json", pattern="^(json|csv|md|html|trace)$"),
+    def export_run(request: Request, run_id: str, format: str = Q("json", pattern="^(json|csv|md|html|trace)$"),
                    steps: str | None = Q(None, max_length=50, pattern=r"^\d*:\d*$"),
                    window: str | None = Q(None, max_length=50, pattern=r"^[0-9.]*:[0-9.]*$"),
                    rank: int | None = Q(None, ge=0, le=2**31)):
@@ -393,8 +393,18 @@ def _export_routes(app: FastAPI, state: dict) -> None:
             # Streamed page by page: a 1M-step run never sits in memory.
             state["query"].detail(run_id)  # 404 before the 200 has gone out
             from ..storage.folded_reads import export_rows
-            return StreamingResponse(csv_chunks(run_id, export_rows(state["store"], run_id)),
-                                     media_type=f"{media}; charset=utf-8", headers=headers)
+            from .guard import ON_ABORT
+            rows = export_rows(state["store"], run_id)
+            chunks = csv_chunks(run_id, rows)
+
+            def close() -> None:  # the guard cut the answer (a client that stopped reading)
+                for generator in (chunks, rows):
+                    try:
+                        generator.close()  # ends the read transaction: the WAL is free again
+                    except ValueError:
+                        pass  # running in another thread right now: it ends with the response
+            request.scope.setdefault(ON_ABORT, []).append(close)
+            return StreamingResponse(chunks, media_type=f"{media}; charset=utf-8", headers=headers)
         try:
             body = export_text(source, run_id, format)
         except SourceError as exc:

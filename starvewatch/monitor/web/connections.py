@@ -59,7 +59,8 @@ class _OncePerInterval(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if not message.startswith(("Invalid HTTP request", "Exceeded concurrency")):
+        if not message.startswith(("Invalid HTTP request", "Exceeded concurrency",
+                                   "ASGI callable returned without completing")):
             return True
         now = time.monotonic()
         if now - self.last_s.get(message, -self.interval_s) < self.interval_s:

@@ -37,6 +37,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import orjson
 
+from ...logonce import RateLimitedLog
 from .connections import connection_uid, release_slot
 from .framing import response_headers
 from .peer import UNKNOWABLE, peer_uid
@@ -44,6 +45,7 @@ from .login_cookie import SESSION_S, Sessions
 
 log = logging.getLogger("starvewatch.collector")
 _traced: set[str] = set()  # kinds of internal errors whose traceback was logged already
+stalled = RateLimitedLog(log)
 SERVICE = "starvewatch"
 COOKIE_PREFIX = "starvewatch_session_"
 FAILED_DELAY_STEP_S = 0.05     # each recent failure of a client adds this much to its next one
@@ -59,6 +61,13 @@ SECURITY_HEADERS = (
     (b"content-security-policy", b"frame-ancestors 'none'"),
     (b"referrer-policy", b"no-referrer"),
 )
+
+
+ON_ABORT = "starvewatch.on_abort"  # scope key: what a route asks closed when its answer is cut
+
+
+class ClientStalled(Exception):
+    """A client that stopped reading a streamed answer."""
 
 
 class BodyRefused(Exception):
@@ -94,6 +103,14 @@ def _header_text(value: str) -> str:
 
 def cookie_name(port: int) -> str:
     return f"{COOKIE_PREFIX}{port}"
+
+
+def _caused_by(exc: BaseException, kind: type) -> bool:
+    """`exc` is `kind`, alone or inside an ExceptionGroup (Starlette's task groups)."""
+    if isinstance(exc, kind):
+        return True
+    inner = getattr(exc, "exceptions", None)
+    return bool(inner) and any(_caused_by(e, kind) for e in inner)
 
 
 def _client_disconnected(exc: BaseException) -> bool:
@@ -345,6 +362,15 @@ class Guard:
                 state["started"] = True
                 message = dict(message, headers=[*message.get("headers", []),
                                                  *response_headers(scope, SECURITY_HEADERS)])
+            elif message["type"] == "http.response.body" and message.get("more_body"):
+                # A streamed answer (the CSV export) to a client that stopped reading: cut after
+                # the body timeout, so the export's read transaction ends and the WAL can be
+                # checkpointed again (it once stayed pinned for as long as the client waited).
+                try:
+                    return await asyncio.wait_for(send(message), timeout_s)
+                except asyncio.TimeoutError:
+                    raise ClientStalled(f"the client read nothing for {timeout_s:g} s of a streamed "
+                                        f"answer") from None
             await send(message)
 
         try:
@@ -359,6 +385,14 @@ class Guard:
                     log.info("client %s disconnected before sending the whole body of %s",
                              _client_text(scope), where)
                     return
+                if _caused_by(exc, ClientStalled):
+                    # The route's generators (the export's read transaction) closed now, not
+                    # whenever the garbage collector gets to them.
+                    for close in scope.get(ON_ABORT, ()):
+                        await asyncio.get_running_loop().run_in_executor(None, close)
+                    stalled.error("stalled", "client %s read nothing for %g s of a streamed answer to %s; "
+                                  "connection closed", _client_text(scope), timeout_s, where)
+                    return  # unfinished: uvicorn closes the connection (one rate-limited line)
                 kind = type(exc).__name__
                 log.error("internal error on %s: %s: %s", where, kind, str(exc)[:300],
                           exc_info=exc if kind not in _traced else None)  # one traceback per kind
