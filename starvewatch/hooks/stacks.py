@@ -15,7 +15,11 @@ import os
 import signal
 import time
 
-from ..private_files import open_private
+
+def open_private(path, flags: int) -> int:
+    """Owner-only, never through a symlink (a leaf module: private_files.open_private's rule)."""
+    return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+
 
 MAX_STACK_BYTES = 64 * 1024  # a dump of hundreds of threads is cut here
 
