@@ -123,3 +123,26 @@ def test_training_reads_a_huge_answer_within_a_bound(isolated_starvewatch):
         listener.close()
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert grown_kib < 4 * MAX_ANSWER_BYTES // 1024, grown_kib
+
+
+def test_the_cli_proves_the_collector_before_it_sends_a_token(collector, isolated_starvewatch):
+    import subprocess
+    import sys
+    c = collector()  # the user's own: its key is in STARVEWATCH_DIR
+    env = dict(os.environ, STARVEWATCH_TOKEN="cli-secret-token-0123456789")
+    assert call(c, "POST", "/api/v1/ingest", JSON, json.dumps(full_batch("mine")).encode())[0] == 200
+    ok = subprocess.run([sys.executable, "-m", "starvewatch", "runs", "--url", c.url], capture_output=True,
+                        text=True, timeout=60, env=dict(os.environ))
+    assert ok.returncode == 0 and "mine" in ok.stdout, ok.stderr
+    port = free_port()
+    _Squatter.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", port), _Squatter)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        out = subprocess.run([sys.executable, "-m", "starvewatch", "runs", "--url", f"http://127.0.0.1:{port}"],
+                             capture_output=True, text=True, timeout=60, env=env)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode != 0 and "cannot prove it is your collector" in out.stderr, (out.stdout, out.stderr)
+    assert _Squatter.seen and all(auth is None for _, _, auth, _ in _Squatter.seen), _Squatter.seen

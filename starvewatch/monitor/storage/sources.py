@@ -91,6 +91,11 @@ class LocalSource:
         self.store.close()
 
 
+class NotYourCollector(SourceError):
+    """A loopback collector that cannot prove it holds the user's collector key: said, never
+    taken for "not running" (reading offline data instead would hide the squatter)."""
+
+
 class CertificateRefused(SourceError):
     """The collector's TLS certificate did not verify."""
 
@@ -113,6 +118,7 @@ class RemoteSource:
         self.description = f"the collector at {url}"
         from ...tls import client_context
         self.client = httpx.Client(base_url=url, headers=headers, timeout=60, verify=client_context())
+        self._proved = False  # _prove(), before the first request
 
     def _unreachable(self, exc) -> SourceError:
         if _certificate_refused(exc):
@@ -121,8 +127,48 @@ class RemoteSource:
                 f"for a self-signed one, set STARVEWATCH_CA_FILE to its PEM file")
         return SourceError(f"cannot reach the collector at {self.url}: {exc}")
 
+    def _prove(self) -> None:
+        """A loopback collector proves it holds the user's collector key before the CLI sends
+        it a token (local_secrets.py; asked on a connection without one); then the per-user
+        token goes along when no STARVEWATCH_TOKEN was given."""
+        import urllib.parse
+
+        import httpx
+
+        from ...defaults import default_dir
+        from ...local_secrets import UnsafeSecret, collector_key, local_token, new_challenge, proof_ok
+        self._proved = True
+        parts = urllib.parse.urlsplit(self.url)
+        if (parts.hostname or "") not in ("localhost", "::1") and not (parts.hostname or "").startswith("127."):
+            return
+        try:
+            key = collector_key(default_dir())
+        except (UnsafeSecret, OSError) as exc:
+            raise SourceError(str(exc)) from None
+        if key is None:
+            return  # no collector of this user ran here yet: nothing to prove, no token to send
+        challenge = new_challenge()
+        try:
+            from ...tls import client_context
+            answer = httpx.get(f"{self.url}/healthz", params={"challenge": challenge}, timeout=30,
+                               verify=client_context())
+            proof = answer.json().get("proof") if answer.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return  # unreachable: the request itself says so
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        if not proof_ok(key, challenge, port, proof):
+            self.client.headers.pop("Authorization", None)
+            raise NotYourCollector(f"{self.url} answers but cannot prove it is your collector (another user's, or "
+                              f"another program on the port); nothing was sent to it")
+        if "Authorization" not in self.client.headers:
+            token = local_token(default_dir())
+            if token:
+                self.client.headers["Authorization"] = f"Bearer {token}"
+
     def _get(self, path: str, **params):
         import httpx
+        if not self._proved:
+            self._prove()
         try:
             response = self.client.get(path, params={k: v for k, v in params.items() if v is not None})
         except httpx.HTTPError as exc:
@@ -144,7 +190,7 @@ class RemoteSource:
         "not running" (reading offline data instead would hide someone in the middle)."""
         try:
             return self._get("/healthz").get("service") == "starvewatch"
-        except CertificateRefused:
+        except (CertificateRefused, NotYourCollector):
             raise
         except (SourceError, ValueError):
             return False
@@ -164,6 +210,8 @@ class RemoteSource:
         the CLI writes what the API serves: the raw-steps pages would miss the folded spans."""
         import httpx
         try:
+            if not self._proved:
+                self._prove()
             with self.client.stream("GET", f"/api/v1/runs/{url_segment(run_id)}/export",
                                     params={"format": "csv"}) as response:
                 if response.status_code >= 400:
@@ -193,6 +241,8 @@ class RemoteSource:
     def delete(self, run_id: str) -> None:
         import httpx
         try:
+            if not self._proved:
+                self._prove()
             response = self.client.delete(f"/api/v1/runs/{url_segment(run_id)}")
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from None
