@@ -101,3 +101,18 @@ def test_a_stream_id_is_its_runs(collector):
     assert run["run"]["status"] != "finished", run["run"]
     csv_rows = call(c, "GET", "/api/v1/runs/run-a/export?format=csv")[2].decode().strip().splitlines()
     assert len(csv_rows) == 1 + 60, len(csv_rows)  # both of A's batches stored, none taken for B's
+
+
+def test_the_hooks_keep_within_the_stall_bound():
+    """A process sends at most a quarter of the collector's stall events per rank (a restarted
+    rank stays in its run), counting the rest as dropped events."""
+    from types import SimpleNamespace
+
+    from starvewatch.hooks.samplers import StallDetector
+    sent = []
+    session = SimpleNamespace(stalls=[], dropped_events=0, emit=lambda kind, event: sent.append(event))
+    detector = StallDetector(session)
+    per_process = limits.MAX_STALL_ROWS_PER_RANK // 4
+    for i in range(per_process + 50):
+        detector._emit({"loader": "train", "started_ns": i, "wait_s": 11.0})
+    assert len(sent) == per_process and session.dropped_events == 50
