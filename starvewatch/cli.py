@@ -292,15 +292,15 @@ def cmd_serve(args) -> int:
         if settings.token is None:
             return fail(f"the token file {args.token_file} is empty", EXIT_USAGE)
     from .defaults import default_dir
-    from .local_secrets import UnsafeSecret, check_private_dir, collector_key, local_token
+    from .local_secrets import UnsafeSecret, check_private_dir, collector_key, local_token, private_dir
     try:
         # The data directory, and the user's private one (the collector key: training asks
         # a loopback collector to prove it holds it; the per-user token), never another's.
         for directory in {Path(settings.dir), default_dir()}:
             if directory.exists():
                 check_private_dir(directory)
-        settings.collector_key = collector_key(default_dir(), make=True)
-        settings.local_token = local_token(default_dir(), make=True)
+        settings.collector_key = collector_key(private_dir(), make=True)
+        settings.local_token = local_token(private_dir(), make=True)
     except (UnsafeSecret, OSError) as exc:
         return fail(str(exc), EXIT_USAGE)
     generated = None

@@ -1,6 +1,8 @@
-"""The user's own secrets for the collector on this machine (issue 36 item 2), in the private
-directory (STARVEWATCH_DIR, default ~/.starvewatch; 0700, each file 0600, stdlib only: the hooks
-and the collector both import it):
+"""The user's own secrets for the collector on this machine (issue 36 item 2), in the user's
+private directory (`~/.starvewatch`, or STARVEWATCH_PRIVATE_DIR; 0700, each file 0600; stdlib
+only: the hooks, the CLI and the collector import it). One place per user, whatever
+STARVEWATCH_DIR each process uses, so training and a collector with other data directories
+still recognise each other:
 
 - `collector-key`: proves a collector on loopback is *yours* before training sends it a token
   or a record. Training sends a random challenge to /healthz; the collector answers
@@ -27,6 +29,11 @@ KEY_FILE = "collector-key"
 TOKEN_FILE = "local-token"
 CHALLENGE_PREFIX = b"starvewatch-collector-proof:"
 MAX_CHALLENGE_CHARS = 128
+
+
+def private_dir() -> Path:
+    raw = os.environ.get("STARVEWATCH_PRIVATE_DIR")
+    return Path(raw) if raw else Path.home() / ".starvewatch"
 
 
 class UnsafeSecret(Exception):

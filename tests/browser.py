@@ -21,6 +21,13 @@ def chromium():
             browser.close()
 
 
+# Playwright's wait_for_function evaluates its predicate with eval(), which the pages' script
+# policy forbids (no 'unsafe-eval', issue 36): a test that waits that way bypasses the policy
+# for its page (POLLING_OPTIONS); every other browser test runs under it, and a violation is a
+# console error that the test fails on.
+POLLING_OPTIONS = {"bypass_csp": True}
+
+
 def page_with_errors(browser, *, height: int = 1400, **options):
     """A new page and the list its console errors and uncaught exceptions go to."""
     page = browser.new_page(viewport={"width": 1300, "height": height}, **options)

@@ -10,7 +10,7 @@ import pytest
 
 from starvewatch.monitor.storage.query import Query
 from starvewatch.monitor.storage.store import Store
-from tests.browser import page_with_errors
+from tests.browser import POLLING_OPTIONS, page_with_errors
 from tests.test_compare import HOSTILE, _batch
 
 RAW_JSON = re.compile(r"""[{\[]\s*["']|["']\s*:\s""")
@@ -35,7 +35,7 @@ def _traces(page, graph_id: str) -> list[dict]:
 def test_compare_page_draws_both_runs_and_the_verdict(collector, browser, stored_pair):
     rec = stored_pair
     c = collector()
-    page, errors = page_with_errors(browser, height=1400)
+    page, errors = page_with_errors(browser, height=1400, **POLLING_OPTIONS)
     page.goto(f"{c.url}/compare?a=before&b=after")
     page.wait_for_selector("#compare-table")
     assert "(each run's only loader)" in page.inner_text("#compare-result")
@@ -99,7 +99,7 @@ def test_compare_report_opens_offline_with_its_charts(collector, browser, stored
                           "-o", str(report)], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, STARVEWATCH_URL=c.url))
     assert out.returncode == 0, out.stderr
-    page, errors = page_with_errors(browser, height=1400)
+    page, errors = page_with_errors(browser, height=1400, **POLLING_OPTIONS)
     requests = []
     page.on("request", lambda r: requests.append(r.url))
     page.goto(report.as_uri())

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from tests.browser import page_with_errors
+from tests.browser import POLLING_OPTIONS, page_with_errors
 
 TRAINING = r"""
 import os, sys, time, torch, starvewatch
@@ -35,7 +35,7 @@ def test_live_run_page_updates_recommends_and_exports(collector, browser, tmp_pa
     proc = subprocess.Popen([sys.executable, "-c", TRAINING, str(stop)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        page, errors = page_with_errors(browser, height=1600, accept_downloads=True)
+        page, errors = page_with_errors(browser, height=1600, accept_downloads=True, **POLLING_OPTIONS)
         page.goto(c.url + "/")
         page.wait_for_selector("#runs-table >> text=browser-live", timeout=30_000)
         page.click("#runs-table >> text=browser-live")
@@ -155,7 +155,7 @@ def test_run_page_answers_first_and_links_to_its_comparison(collector, browser, 
                          text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     before, after = out.stdout.split()
-    context = browser.new_context(viewport={"width": 1300, "height": 1600})
+    context = browser.new_context(viewport={"width": 1300, "height": 1600}, **POLLING_OPTIONS)
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=c.url)
     page = context.new_page()
     errors = []

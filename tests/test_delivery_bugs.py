@@ -85,7 +85,8 @@ def test_the_spool_forgets_files_the_collector_swept_and_keeps_new_ones(tmp_path
 def read_only_dir(tmp_path):
     path = tmp_path / "ro"
     path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(path)], check=True)
+    # mode=0700: a STARVEWATCH_DIR others may write to is refused (issue 36), tmpfs's default is 1777.
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro,mode=0700", "tmpfs", str(path)], check=True)
     yield path
     subprocess.run(["umount", "-l", str(path)], check=False)
 

@@ -7,6 +7,7 @@ from urllib.parse import unquote
 import pytest
 
 from starvewatch.ids import NAME_PATTERN, content_disposition, id_problem, safe_id, safe_name, url_segment
+from tests.browser import POLLING_OPTIONS
 
 HOSTILE_IDS = ["../../x", "..", ".", "/etc/passwd", "a/b", "a\\b", "a\x00b", "x" * 129, "", "run id",
                "ünïcode", "a?b", "a#b", "%2e%2e", "line\nbreak"]
@@ -107,7 +108,7 @@ def test_the_dashboard_shows_hostile_names_as_text(collector, browser):
     status, _ = c.request("POST", "/api/v1/ingest", batch(run_id, name=HTML_NAME, loader=HTML_NAME),
                           {"Content-Type": "application/json"})
     assert status == 200
-    page = browser.new_page()
+    page = browser.new_page(**POLLING_OPTIONS)
     page.goto(f"{c.url}/")
     page.wait_for_selector("#runs-table", timeout=30_000)
     assert page.inner_text("#runs-table").count(HTML_NAME) == 1

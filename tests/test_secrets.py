@@ -150,6 +150,7 @@ def _serve(*args, env=None):
 def test_the_token_comes_from_the_environment_or_a_file_never_the_command_line(isolated_starvewatch, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
+    token_file.chmod(0o600)  # (one others may read is refused: test_private_files.py)
     for how in ("file", "env"):
         port = free_port()
         args = ["--port", str(port), "--dir", str(isolated_starvewatch)]

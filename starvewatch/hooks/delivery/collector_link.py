@@ -9,7 +9,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from ...local_secrets import UnsafeSecret, collector_key, local_token, new_challenge, proof_ok
+from ...local_secrets import UnsafeSecret, collector_key, local_token, new_challenge, private_dir, proof_ok
 from .transport import HttpTransport, TransportError
 
 START_TIMEOUT_S = 20.0
@@ -53,7 +53,7 @@ def _key_for(url: str, directory: Path) -> str | None:
     """The user's collector key for a loopback URL (made when missing), else None."""
     if _loopback_host(url) is None:
         return None  # a team collector: TLS and its token say who it is
-    return collector_key(directory, make=True)
+    return collector_key(private_dir(), make=True)
 
 
 def _loopback_host(url: str) -> str | None:
@@ -116,7 +116,7 @@ def find_collector(url: str, directory: Path, transport: HttpTransport, *, autos
         found = "starvewatch" if _wait_until_up(transport, START_TIMEOUT_S, key) else "none"
     if found == "starvewatch" and key is not None and not transport.has_token:
         # Proved ours: the per-user token too, for a collector that cannot tell users apart by uid.
-        token = local_token(directory, make=True)
+        token = local_token(private_dir(), make=True)
         if token:
             transport.use_token(token)
     return found

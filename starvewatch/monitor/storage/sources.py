@@ -135,14 +135,14 @@ class RemoteSource:
 
         import httpx
 
-        from ...defaults import default_dir
-        from ...local_secrets import UnsafeSecret, collector_key, local_token, new_challenge, proof_ok
+        from ...local_secrets import (UnsafeSecret, collector_key, local_token, new_challenge, private_dir,
+                                      proof_ok)
         self._proved = True
         parts = urllib.parse.urlsplit(self.url)
         if (parts.hostname or "") not in ("localhost", "::1") and not (parts.hostname or "").startswith("127."):
             return
         try:
-            key = collector_key(default_dir())
+            key = collector_key(private_dir())
         except (UnsafeSecret, OSError) as exc:
             raise SourceError(str(exc)) from None
         if key is None:
@@ -161,7 +161,7 @@ class RemoteSource:
             raise NotYourCollector(f"{self.url} answers but cannot prove it is your collector (another user's, or "
                               f"another program on the port); nothing was sent to it")
         if "Authorization" not in self.client.headers:
-            token = local_token(default_dir())
+            token = local_token(private_dir())
             if token:
                 self.client.headers["Authorization"] = f"Bearer {token}"
 
