@@ -245,7 +245,8 @@ def test_a_wrong_token_keeps_records_in_the_spool_until_the_right_one(collector,
 
 def _mount_tmpfs(path, size: str, read_only: bool = False):
     path.mkdir(parents=True, exist_ok=True)
-    options = f"size={size}" + (",ro" if read_only else "")
+    # mode=0700: a STARVEWATCH_DIR others may write to is refused (issue 36), tmpfs's default is 1777.
+    options = f"size={size},mode=0700" + (",ro" if read_only else "")
     subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
 
 

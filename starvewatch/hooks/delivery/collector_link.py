@@ -43,8 +43,7 @@ def probe(transport: HttpTransport, key: str | None = None) -> str:
             return "other"
     except ValueError:
         return "other"
-    port = urllib.parse.urlsplit(transport.url).port or (443 if transport.url.startswith("https") else 80)
-    if key is not None and not proof_ok(key, challenge, port, answer.get("proof")):
+    if key is not None and not proof_ok(key, challenge, answer.get("proof")):
         return "not-ours"
     return "starvewatch"
 

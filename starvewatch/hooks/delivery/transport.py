@@ -104,7 +104,10 @@ class HttpTransport:
             answer = json.loads(data) if len(data) <= 64 * 1024 else None
         except ValueError:
             answer = None
-        if response.status != 200 or not isinstance(answer, dict) or not proof_ok(self._key, challenge, self._port,
+        if response.status >= 500 or response.status in (408, 429):
+            self.close()  # a collector in trouble (or a proxy's error): retried, as any delivery
+            raise TransportError(f"collector answered {response.status}", response.status)
+        if response.status != 200 or not isinstance(answer, dict) or not proof_ok(self._key, challenge,
                                                                                    answer.get("proof")):
             self.close()
             raise TransportError(f"{self.url} cannot prove it is your collector (another user's, or another "

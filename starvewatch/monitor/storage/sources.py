@@ -155,8 +155,7 @@ class RemoteSource:
             proof = answer.json().get("proof") if answer.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
             return  # unreachable: the request itself says so
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        if not proof_ok(key, challenge, port, proof):
+        if not proof_ok(key, challenge, proof):
             self.client.headers.pop("Authorization", None)
             raise NotYourCollector(f"{self.url} answers but cannot prove it is your collector (another user's, or "
                               f"another program on the port); nothing was sent to it")

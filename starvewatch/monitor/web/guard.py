@@ -418,8 +418,7 @@ class Guard:
         from ...local_secrets import MAX_CHALLENGE_CHARS, proof
         if not (16 <= len(challenge) <= MAX_CHALLENGE_CHARS and all(c in "0123456789abcdef" for c in challenge)):
             return await self._respond(send, 422, "challenge: 16 to 128 lowercase hex digits")
-        body = orjson.dumps({"service": SERVICE, "proof": proof(self.settings.collector_key, challenge,
-                                                                 self.settings.port)})
+        body = orjson.dumps({"service": SERVICE, "proof": proof(self.settings.collector_key, challenge)})
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
             (b"cache-control", b"no-store"), *SECURITY_HEADERS]})
