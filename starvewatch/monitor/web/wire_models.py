@@ -28,6 +28,8 @@ Id = Annotated[str, Field(min_length=1, max_length=128, pattern=ID_PATTERN)]
 # Text read by a view (a stack, a version string): a string, never markup, never an object.
 Text = Annotated[str, Field(max_length=FREE_FORM_MAX_STRING_CHARS)]
 Short = Annotated[str, Field(max_length=200)]
+# A count or id a view reads as it was sent (typed, bounded; its sign is the sender's business).
+Int = Annotated[int, Field(ge=-2**63, le=2**63 - 1)]
 # A scalar a view prints as it is (a dataset index, an exit signal): never an object.
 Scalar = Annotated[int, Field(ge=-2**63, le=2**63 - 1)] | Annotated[float, Field(ge=-1e300, le=1e300)] | Short
 MAX_BATCH_RECORDS = MAX_LIST_RECORDS["steps"]  # starvewatch/limits.py: the hooks keep within it
@@ -144,11 +146,11 @@ class LoaderConfig(Open):
     sampler: Short | None = None
     batch_sampler: Short | None = None
     dataset: Short | None = None
-    dataset_len: NonNegInt | None = None
+    dataset_len: Int | None = None
     collate_fn: Short | None = None
     wrapper: Short | None = None
     worker_method: Short | None = None
-    dataset_shards: NonNegInt | None = None
+    dataset_shards: Int | None = None
     shards_resampled: bool | None = None
 
 
@@ -161,11 +163,11 @@ class WorkerInfo(Open):
     cpu_fraction: Number | None = None
     cpu_pct: Number | None = None
     # Read by the views and the worker-memory finding (hooks/samplers.py sends them).
-    batches_interval: NonNegInt | None = None
+    batches_interval: Int | None = None
     load_ms_interval: Number | None = None
     load_ms_max: Number | None = None
-    samples: NonNegInt | None = None
-    snapshots: NonNegInt | None = None
+    samples: Int | None = None
+    snapshots: Int | None = None
     snapshot_ms_mean: Number | None = None
     snapshot_load_ms: Number | None = None
     snapshot_bytes: Number | None = None
@@ -223,7 +225,7 @@ class WorkerSnapshot(Open):
     queue_depth: Number | None = None
     queue_capacity: NonNegInt | None = None
     persistent_workers: bool | None = None
-    state_dict_calls: NonNegInt | None = None
+    state_dict_calls: Int | None = None
     checkpoint_interval_steps: Number | None = None
     shard_check: ShardCheck | None = None
     shard_hashes: list[list[Annotated[int, Field(ge=-2**63, le=2**64)]]] | None = Field(None, max_length=10_000)
@@ -243,7 +245,7 @@ class Stall(Open):
     # Who holds the batch (hooks/hang.py): shown on the run page and in the exports, as text.
     phase: Name | None = None
     worker: NonNegInt | None = None
-    worker_pid: NonNegInt | None = None
+    worker_pid: Int | None = None
     worker_state: Name | None = None
     indices: list[Scalar | None] | None = Field(None, max_length=100_000)
     fetching: bool | None = None
@@ -295,21 +297,21 @@ class RunInfo(Strict):
     rank: NonNegInt = 0
     world_size: Annotated[int, Field(ge=1, le=2**53)] = 1
     # Read by the diagnosis and the exports (hooks/identity.py sends them).
-    pid: NonNegInt | None = None
+    pid: Int | None = None
     argv: list[Text] | None = Field(None, max_length=10_000)
     python: Short | None = None
     platform: Short | None = None
     torch: Short | None = None
     core: Short | None = None
-    cpu_count: NonNegInt | None = None
-    host_cores: NonNegInt | None = None
-    usable_cores: NonNegInt | None = None
+    cpu_count: Int | None = None
+    host_cores: Int | None = None
+    usable_cores: Int | None = None
     cpu_quota_cores: Number | None = None
     ram_total_bytes: Number | None = None
     shm_total_bytes: Number | None = None
-    local_rank: NonNegInt | None = None
-    local_world_size: NonNegInt | None = None
-    restart_count: NonNegInt | None = None
+    local_rank: Int | None = None
+    local_world_size: Int | None = None
+    restart_count: Int | None = None
 
     def stored(self) -> dict:
         """What the run's `meta` keeps: the fields sent (typed ones as validated) plus those
