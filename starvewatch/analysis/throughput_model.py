@@ -170,10 +170,12 @@ class LoaderFacts:
         host_pct = self._host_busy_pct()
         self.busy_threshold = self._busy_threshold(t, host_pct)
         # Loading on another thread of the process: that thread busy while the training one
-        # waits idle (a thread loader). It loads while the loop computes, as one worker does.
+        # waits idle (a thread loader; twice the training thread's share at least, so that
+        # torch's collate threads and starvewatch's own beside a loading training thread are
+        # not taken for one). It loads while the loop computes, as one worker does.
         self.loads_on_thread = self.thread_cpu_fraction is not None \
             and self.thread_cpu_fraction >= (1 - t.cpu_busy_band) * self.busy_threshold \
-            and self.thread_cpu_fraction > (self.probe_cpu_fraction or 0)
+            and self.thread_cpu_fraction > 2 * (self.probe_cpu_fraction or 0)
         if self.loads_on_thread:  # one thread loads a batch per step, overlapped with the loop
             self.load = self.step
         elif not self.workers:  # loading on the training thread: the wait is the load
