@@ -221,6 +221,9 @@ class LoaderTotals:
     worker_hol_ns: list = field(default_factory=list)
     worker_batches: list = field(default_factory=list)
     worker_batch_ns: list = field(default_factory=list)
+    # New loader objects watched as this loader after its first (the same call site and
+    # dataset, or the same name and settings: a DataLoader built anew every epoch).
+    rebuilds: int = 0
 
     def to_dict(self) -> dict:
         return {name: (list(value) if isinstance(value := getattr(self, name), list) else value)

@@ -58,9 +58,9 @@ def two_workers(f: LoaderFacts) -> dict:
 
 def naive_speedup(f: LoaderFacts) -> float:
     """The former model: cores fully parallel and free, max(compute, load / workers, load / cores)
-    plus the hand-over and the default start-up per epoch."""
+    plus the hand-over and the modelled start-up per epoch (2 forked workers, the first batch)."""
     step = max(f.compute, f.load / 2, f.load / f.cores) + DEFAULT.worker_transfer_ms \
-        + DEFAULT.worker_startup_ms * f.epochs / f.steps
+        + (DEFAULT.worker_spawn_ms_fork + f.load) * f.epochs / f.steps
     return f.step / step
 
 
@@ -201,8 +201,15 @@ def test_a_real_pillow_pipeline_is_cpu_bound_and_its_prediction_shares_the_cores
     assert 1.0 < f.main_cpu_ms < 8.0
     # The verdict (the sampled CPU fraction of the waits) is the engine's; on a host other
     # processes fill it can fall under its threshold, so the model is asked as for CPU work.
-    f.cpu_busy = True
-    parallel = f.step / (max(f.compute, f.load / 2, f.load / f.cores) + DEFAULT.worker_transfer_ms)
+    f.cpu_busy, f.cpu_weight = True, 1.0
+    # Never more than the cores-parallel bound: every CPU part at a whole core, the loading's
+    # CPU per batch (its wall time at the share of a core it got) over 2 cores, the step's CPU
+    # work beside the part of the step that waits. (On a host other processes fill, the wall
+    # times hold waits for a core, which more threads can win back: the bound is the CPU's.)
+    share = f.thread_share or 1.0
+    cpu_load = f.load * share
+    compute_floor = f.compute - min(f.compute, f.main_cpu_ms / share) + f.main_cpu_ms
+    parallel = f.step / (max(compute_floor, cpu_load / 2, cpu_load / f.cores) + DEFAULT.worker_transfer_ms)
     assert speedup(f, {**f.config, "num_workers": 2}) < parallel
     rec = next((r for r in summary["recommendations"] if r["parameter"] == "num_workers"), None)
     if summary["verdict"]["limiting_factor"] == "input_bound_cpu" and rec is not None:
@@ -214,7 +221,7 @@ def test_with_workers_already_loading_the_configuration_as_it_ran_predicts_no_ch
     model's prediction of the present configuration is its baseline, so keeping it is 1.0x and a
     change is judged relative to it (the process's CPU already holds part of each hand-over)."""
     f = facts(*measured(compute_cpu_ms=4.0, workers=2))
-    f.cpu_busy = True  # what the workers' CPU telemetry says of CPU-bound loading (none in this stand-in)
+    f.cpu_busy, f.cpu_weight = True, 1.0  # what the workers' CPU telemetry says of CPU-bound loading (none in this stand-in)
     assert f.workers == 2 and f.main_cpu_ms is not None
     assert speedup(f, dict(f.config)) == pytest.approx(1.0)
     assert speedup(f, {**f.config, "pin_memory": True}) == pytest.approx(1.0)  # costs nothing the model sees

@@ -110,8 +110,9 @@ def test_the_headline_is_the_runs_and_another_loader_is_named_beside_it():
 
 
 def test_second_loaders_are_named_by_their_dataset_where_no_variable_names_them():
-    """Named by the dataset's class; a loader rebuilt at the same line over the same dataset
-    (every epoch) keeps its name; another dataset object of that class gets a name of its own."""
+    """The identity rule (issue 35): call site plus dataset object. Named by the dataset's
+    class; a loader rebuilt at the same line over the same dataset (every epoch) keeps its name
+    and its epochs count on; a helper used for two datasets makes two loaders."""
     from torch.utils.data import TensorDataset
     import torch
     for _ in starvewatch.watch(range(3)):
@@ -120,11 +121,15 @@ def test_second_loaders_are_named_by_their_dataset_where_no_variable_names_them(
     for _ in range(3):
         for _ in starvewatch.watch(DataLoader(data, batch_size=4)):
             pass
-    for _ in starvewatch.watch(DataLoader(other, batch_size=4)):
-        pass
+
+    def make(ds):
+        return starvewatch.watch(DataLoader(ds, batch_size=4))
+    for ds in (data, other, data, other):
+        for _ in make(ds):
+            pass
     summary = starvewatch.finish()
     assert [(p["name"], p["steps"]) for p in summary["loaders"]] == [
-        ("train", 3), ("TensorDataset", 6), ("TensorDataset-2", 1)]
+        ("train", 3), ("TensorDataset", 6), ("TensorDataset-2", 4), ("TensorDataset-3", 2)]
 
 
 def test_no_number_without_meaning():

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from torch.utils.data import BatchSampler, Dataset, IterableDataset, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler
 
 
 def spin(cpu_seconds: float) -> None:
@@ -70,6 +70,31 @@ class SkewedShard(Items):
         if info is not None and info.id == self.slow_worker:
             time.sleep(self.sleep_s * (self.factor - 1))
         return super().__getitem__(i)
+
+
+class ThreadLoader(DataLoader):
+    """MONAI's ThreadDataLoader in its essentials (MONAI is not a dependency here): the
+    DataLoader's batches are made on a background thread of the training process into a queue
+    of `buffer_size`, and the loop takes them from the queue. With num_workers=0 the loading is
+    that thread's CPU work; the training thread only waits on the queue."""
+
+    def __init__(self, dataset, buffer_size: int = 1, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.buffer_size = buffer_size
+
+    def __iter__(self):
+        import queue
+        import threading
+        buffer, done = queue.Queue(self.buffer_size), object()
+        source = super().__iter__()
+
+        def fill():
+            for batch in source:
+                buffer.put(batch)
+            buffer.put(done)
+        threading.Thread(target=fill, daemon=True, name="thread-loader").start()
+        while (batch := buffer.get()) is not done:
+            yield batch
 
 
 class Chunks(BatchSampler):
@@ -393,6 +418,8 @@ class LoaderSpec:
     plain: bool = False                           # batches from a generator, not a DataLoader
     resharded: Callable[[int], Dataset] | None = None  # the same data in n shards (idle_workers' fix)
     compute_on_cpu: bool = False                  # the step is CPU work on the training thread, not a sleep
+    loader_class: type | None = None              # a DataLoader subclass (ThreadLoader), else DataLoader
+    rebuilt: bool = False                         # a new loader object every epoch (the same call site and dataset)
 
 
 @dataclass
@@ -413,6 +440,7 @@ class Scenario:
     # DataLoader changes the advice did not pick, predicted by the same model and measured too:
     # (loader, {argument: value}).
     what_ifs: tuple = ()
+    hog_cores: float = 0.0         # other processes keep this many cores busy throughout (a CPU hog)
 
 
 def _shm_limit_env(extra_bytes: int) -> Callable[[], dict]:
@@ -560,4 +588,40 @@ SCENARIOS = [
              2, "high", "input_bound_cpu", ("train", "num_workers", 2, 2),
              what_ifs=(("train", {"num_workers": 1}), ("train", {"num_workers": 2}), ("train", {"num_workers": 4})),
              prepare=single_threaded_torch),
+    # Issue 35: the patterns people write, each measured on the whole loop.
+    Scenario("thread_loader_cpu", "more_workers",
+             "a thread loader (MONAI's ThreadDataLoader in essence), num_workers=0: 24 ms of CPU a batch on "
+             "its thread, 12 ms steps",
+             {"train": LoaderSpec(lambda: Items(480, spin_s=0.003), {"batch_size": 8, "num_workers": 0}, 0.012,
+                                  loader_class=ThreadLoader)},
+             2, "high", "input_bound_cpu", ("train", "num_workers", 1, 2), prepare=single_threaded_torch),
+    Scenario("rebuilt_every_epoch", "build_once",
+             "a DataLoader built anew every epoch (2 workers, 0.25 s worker start-up), 16 batches an epoch",
+             {"train": LoaderSpec(lambda: Items(64, sleep_s=0.0005),
+                                  {"batch_size": 4, "num_workers": 2, "worker_init_fn": slow_worker_start}, 0.005,
+                                  rebuilt=True)},
+             6, "high", "epoch_startup", ("train", None, "build_once")),
+    Scenario("recurring_short_validation", "more_workers",
+             "a validation loader of 10 batches (4 ms reads an item, num_workers=0) run after each of 6 epochs",
+             {"train": LoaderSpec(lambda: Items(128), {"batch_size": 4, "num_workers": 0}, 0.008),
+              "val": LoaderSpec(lambda: Items(40, sleep_s=0.004), {"batch_size": 4, "num_workers": 0}, 0.01)},
+             6, "high", "input_bound_io", ("val", "num_workers", 1, 4)),
+    Scenario("short_epoch_few_cores", "more_workers",
+             "one epoch of 75 batches, 3 workers, 48 ms reads a batch against 8 ms steps, on 2 cores",
+             {"train": LoaderSpec(lambda: Items(600, sleep_s=0.006), {"batch_size": 8, "num_workers": 3}, 0.008)},
+             1, "high", "input_bound_io", ("train", "num_workers", 4, 7)),
+    Scenario("latency_beside_cpu_hog", "more_workers",
+             "latency-bound reads (4 ms an item), 1 worker, beside a CPU hog of 2 cores (host >= 90%)",
+             {"train": LoaderSpec(lambda: Items(512, sleep_s=0.004),
+                                  {"batch_size": 8, "num_workers": 1, "persistent_workers": True}, 0.016)},
+             1, "high", "input_bound_io", ("train", "num_workers", 2, 8), hog_cores=2.0),
+    Scenario("pillow_beside_cpu_hog", "more_workers",
+             "the Pillow pipeline (num_workers=0) with a sleeping (GPU-like) step, beside a CPU hog of 1.6 cores",
+             {"train": LoaderSpec(Photos, {"batch_size": 16, "num_workers": 0, "shuffle": True}, 0.02)},
+             2, "high", "input_bound_cpu", ("train", "num_workers", 1, 2), hog_cores=1.6,
+             what_ifs=(("train", {"num_workers": 2}),), prepare=single_threaded_torch),
 ]
+
+# Changes a user would try anyway: where the advice is "no change", none of them may measure
+# >= 1.2x (issue 35 item 7).
+USUAL_CHANGES = ({"num_workers": 2, "persistent_workers": True}, {"num_workers": 4, "persistent_workers": True})

@@ -69,6 +69,7 @@ def applied_config(config: dict | None, recs: list[dict], loader: str) -> dict:
     for r in recs:
         if r["loader"] == loader and r["parameter"] in DATALOADER_ARGS:
             out[r["parameter"]] = r["suggested"]
+            out.update(r.get("also") or {})
     if custom_batch_sampler(config):
         out.pop("batch_size", None)
     if not out.get("num_workers"):
@@ -153,6 +154,7 @@ def _predict(recs: list[dict], facts: dict[str, LoaderFacts], t: Thresholds) -> 
                 config[r["parameter"]] = r["suggested"]
             elif "num_workers" in what_if:
                 config["num_workers"] = what_if.pop("num_workers")
+            config.update(r.get("also") or {})  # what goes with it (persistent_workers=True)
             gain = speedup(f, config, what_if)
             if gain < t.min_gain:
                 continue
@@ -169,11 +171,15 @@ def _plans(recs: list[dict], facts: dict[str, LoaderFacts]) -> list[dict]:
         mine = [r for r in recs if r["loader"] == name and r["parameter"] in DATALOADER_ARGS]
         if not mine:
             continue
+        # a loader rebuilt every epoch: the plan's workers are built once (more_workers says so)
+        what_if = {"built_once": True} if any((r.get("also") or {}).get("persistent_workers") for r in mine) \
+            and f.rebuilt else None
         kwargs = applied_config(f.config, mine, name)
         plans.append({"loader": name, "config": kwargs,
-                      "changes": {r["parameter"]: r["suggested"] for r in mine},
-                      "expected_speedup": round(speedup(f, {**f.config, **kwargs}), 3)})
-        _add_range(plans[-1], speedup_range(f, {**f.config, **kwargs}))
+                      "changes": {k: v for r in mine for k, v in {r["parameter"]: r["suggested"],
+                                                                     **(r.get("also") or {})}.items()},
+                      "expected_speedup": round(speedup(f, {**f.config, **kwargs}, what_if), 3)})
+        _add_range(plans[-1], speedup_range(f, {**f.config, **kwargs}, what_if))
     return plans
 
 

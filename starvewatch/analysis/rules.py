@@ -14,50 +14,112 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from .throughput_model import LoaderFacts, Thresholds
+from .throughput_model import LoaderFacts, Thresholds, speedup
 from .sentences import plural
 
 
 def proposal(f: LoaderFacts, parameter, suggested, reason: str, evidence: dict, *, kind="speedup",
-             risk=None, what_if=None) -> dict:
-    return {"loader": f.name, "parameter": parameter,
-            "current": f.config.get(parameter) if parameter else None, "suggested": suggested,
-            "reason": reason, "evidence": evidence, "kind": kind, "risk": risk, "what_if": what_if}
+             risk=None, what_if=None, also=None) -> dict:
+    """`also`: DataLoader arguments that go with this change (workers with persistent_workers
+    for a loader iterated often): predicted, shown and applied together with it."""
+    out = {"loader": f.name, "parameter": parameter,
+           "current": f.config.get(parameter) if parameter else None, "suggested": suggested,
+           "reason": reason, "evidence": evidence, "kind": kind, "risk": risk, "what_if": what_if}
+    if also:
+        out["also"] = also
+    return out
+
+
+def worker_plan(f: LoaderFacts, t: Thresholds, most: int) -> tuple[int, dict, dict] | None:
+    """(workers, `also`, what_if) that pays best for up to `most` workers (issue 35 item 3):
+    each count predicted with its start-up (which grows with the count), paired with
+    persistent_workers=True where the loader is iterated more than once (and, where it is
+    rebuilt every epoch, built once); the fewest workers within 2% of the best gain, so a short
+    epoch never gets more workers than it amortises. None when no count pays `min_gain`."""
+    also, what_if = {}, {}
+    if f.epochs >= 2 and not f.config.get("persistent_workers"):
+        also["persistent_workers"] = True
+    if f.rebuilt:
+        what_if["built_once"] = True
+        also["persistent_workers"] = True
+    # Judged with the loading `worker_headroom` slower than measured (the margin the count's
+    # rule keeps for a slow spell), so a count that only just keeps up does not win a tie, and
+    # with the start-up `startup_margin` longer: starting workers on a busy host takes longer
+    # than the cores alone say (7 workers for one 75-batch epoch under load promised 1.32x,
+    # measured 0.93x).
+    margin = {**what_if, "load_scale": t.worker_headroom, "startup_scale": t.startup_margin}
+    gains = {n: speedup(f, {**f.config, "num_workers": n, **also}, margin) for n in range(1, max(1, most) + 1)}
+    best = max(gains.values())
+    chosen = min(n for n, g in gains.items() if g >= best / 1.005)
+    if speedup(f, {**f.config, "num_workers": chosen, **also}, what_if) < t.min_gain:
+        return None
+    return chosen, also, what_if
+
+
+def _all_startup(f: LoaderFacts, t: Thresholds) -> bool:
+    """The wait is (nearly) all the epoch's own start (a first batch that opens files): no
+    steady-state loading for workers to take over."""
+    total = f.wait * f.steps
+    return total > 0 and f.own_startup * f.epochs >= (1 - 0.1) * total
 
 
 def not_a_dataloader(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
-    """Batches made on the training thread by a plain iterable: move loading into workers."""
-    if f.workers is not None:
+    """Batches made on the training thread by a plain iterable: move loading into workers,
+    each worker reading its own part (an iterable yields everything in every worker unless
+    it shards by get_worker_info()). Not when the whole wait is the iterable's own start."""
+    if f.workers is not None or _all_startup(f, t):
         return []
-    needed = f.workers_needed(t)
+    plan = worker_plan(f, t, f.workers_needed(t))
+    if plan is None:
+        return []
+    needed = plan[0]
     return [proposal(f, None, f"DataLoader(num_workers={needed})",
                      f"batches are produced on the training thread ({f.load:.1f} ms each against "
-                     f"{f.compute:.1f} ms of compute); wrap the data in a DataLoader with {plural(needed, 'worker')}",
-                     f.evidence(workers_needed=needed), what_if={"num_workers": needed})]
+                     f"{f.compute:.1f} ms of compute); wrap the data in a DataLoader with {plural(needed, 'worker')}"
+                     f"; an IterableDataset must give each worker its own part "
+                     f"(torch.utils.data.get_worker_info(): shard by info.id of info.num_workers), "
+                     f"or every worker yields every sample",
+                     f.evidence(workers_needed=needed, first_batch_wait_ms=round(f.first_wait or 0, 1)),
+                     what_if={"num_workers": needed})]
 
 
 def more_workers(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
-    """Workers do not keep up: size them as ceil(load / compute x headroom); CPU-bound loading
-    is capped by the cores of this rank's share of the host. Not when the wait is the main
-    process's own share (see main_process_share), nor when storage is (see faster_storage)."""
-    if f.workers is None or f.workers_keep_up or f.main_bound or f.storage_bound:
+    """Workers do not keep up: size them as ceil(load / compute x headroom). Loading that is CPU
+    work is capped by the cores of this rank's share of the host; loading that waits (reads,
+    latency) is not, however busy the host (a sleeping worker takes no core): between the
+    two, blended by how surely the loading is CPU work. Then the count that pays best with its
+    start-up (worker_plan). Not when the wait is the main process's own share (see
+    main_process_share), nor when storage is (see faster_storage)."""
+    if f.workers is None or f.workers_keep_up or f.main_bound or f.storage_bound or _all_startup(f, t):
         return []
     needed = f.workers_needed(t)
-    # CPU-bound loading, or any loading on a host whose CPU is saturated (a waking worker
-    # waits for a core too): more workers than cores cannot get more done.
-    capped = min(needed, f.cores) if f.cpu_busy or f.host_cpu_saturated else needed
-    if capped <= f.workers:
+    # Loading of unknown kind (no CPU measured) on a saturated CPU is capped as CPU work would be.
+    w = f.cpu_weight if f.cpu_weight is not None else (1.0 if f.host_cpu_saturated else 0.0)
+    capped = round(w * min(needed, f.cores) + (1 - w) * needed)
+    plan = worker_plan(f, t, capped) if capped > (f.workers or 0) else None
+    if plan is None or plan[0] <= f.workers:
         return []
+    chosen, also, what_if = plan
     kind = "CPU work (decoding, transforms)" if f.cpu_busy else "waiting (reads, latency)"
-    reason = (f"loading a batch takes {f.load:.1f} ms of {kind} against {f.compute:.1f} ms of compute; "
-              f"{plural(capped, 'worker')} keep up (ceil(load / compute x {t.worker_headroom}) = {needed}"
-              + (f", capped at {capped} by {f.cores} usable cores"
-                 + (" on a saturated CPU" if f.host_cpu_saturated and not f.cpu_busy else "")
-                 if capped < needed else "") + ")")
-    if f.workers == 0:
-        reason = "num_workers=0 loads every batch on the training thread: " + reason
-    return [proposal(f, "num_workers", capped, reason,
-                     f.evidence(workers_needed=needed, cpu_bound_loading=f.cpu_busy))]
+    where = ""
+    if f.loads_on_thread:
+        where = (f"a thread of the training process loads (its CPU {f.thread_cpu_fraction:.0%} while the loop "
+                 f"waits: a thread loader or prefetch thread); worker processes load beside it (a thread "
+                 f"loader's own num_workers, or a DataLoader's): ")
+    elif f.workers == 0:
+        where = "num_workers=0 loads every batch on the training thread: "
+    reason = (f"{where}loading a batch takes {f.load:.1f} ms of {kind} against {f.compute:.1f} ms of compute; "
+              f"{plural(chosen, 'worker')} keep up (ceil(load / compute x {t.worker_headroom}) = {needed}"
+              + (f", capped at {capped} by {f.cores} usable cores" if capped < needed else "")
+              + (f"; {chosen} pay for their start-up best" if chosen < capped else "") + ")")
+    if also.get("persistent_workers"):
+        reason += ("; with persistent_workers=True, built once before the epoch loop: the loader is rebuilt "
+                   "every epoch now" if f.rebuilt else
+                   f"; with persistent_workers=True: the loader is iterated {f.epochs} times and would start its "
+                   f"workers each time")
+    return [proposal(f, "num_workers", chosen, reason,
+                     f.evidence(workers_needed=needed, cpu_bound_loading=f.cpu_busy),
+                     what_if=what_if or None, also=also or None)]
 
 
 def main_process_share(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
@@ -106,9 +168,28 @@ def cpu_oversubscribed(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
                      risk="workers beyond the cores thrash the CPU caches and each holds its own copy of the dataset")]
 
 
+def build_once(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
+    """A DataLoader built anew every epoch (a new loader object at the same call site over the
+    same dataset, hooks/session.py) starts its workers every epoch whatever persistent_workers
+    says: build it once, before the epoch loop, with persistent_workers=True (issue 35 item 2)."""
+    if not f.workers or not f.rebuilt or f.respawn < t.startup_min_ms:
+        return []
+    rebuilds = f.rebuilds
+    return [proposal(f, None, "build_once",
+                     f"the DataLoader is built anew every epoch ({rebuilds + 1} loader objects at one call site over "
+                     f"one dataset): each epoch pays {f.respawn:.0f} ms of worker start-up (first batch "
+                     f"{f.first_wait:.0f} ms against {f.steady_wait:.1f} ms steady); build it once, before the epoch "
+                     f"loop, with persistent_workers=True",
+                     f.evidence(startup_per_epoch_ms=round(f.respawn, 1), epochs=f.epochs,
+                                first_batch_wait_ms=round(f.first_wait or 0, 1)),
+                     what_if={"built_once": True, "persistent_workers": True})]
+
+
 def persistent_workers(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
-    """Workers respawned at every epoch, and the first batch of each epoch waits for them."""
-    if not f.workers or f.config.get("persistent_workers") or f.epochs < 2 or f.respawn < t.startup_min_ms:
+    """Workers respawned at every epoch, and the first batch of each epoch waits for them.
+    Not for a loader rebuilt every epoch: persistent_workers alone keeps nothing (build_once)."""
+    if not f.workers or f.config.get("persistent_workers") or f.epochs < 2 or f.respawn < t.startup_min_ms \
+            or f.rebuilt:
         return []
     return [proposal(f, "persistent_workers", True,
                      f"workers are respawned every epoch: each epoch starts with a {f.first_wait:.0f} ms "
@@ -126,6 +207,13 @@ def deeper_prefetch(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     attribution = f.part.get("attribution")
     if attribution and attribution["head_of_line_share"] >= MIN_SHARE:
         return []  # the "bursts" are one slow worker's pace in order: a deeper queue waits for it too
+    # Workers started every epoch: the waits after each start are the start-up's (the workers
+    # come up one after another), which no deeper queue absorbs (seen on a loader rebuilt
+    # every epoch: 16 deep promised 1.34x, measured 1.05x).
+    restarts = f.rebuilt or not f.config.get("persistent_workers")
+    if restarts and f.epochs >= 2 and f.respawn >= t.startup_min_ms \
+            and f.respawn * f.epochs >= t.startup_share * f.wait * f.steps:
+        return []
     return [proposal(f, "prefetch_factor", f.prefetch_needed,
                      f"waits come in bursts (p99 {f.p99_wait:.1f} ms vs median {f.median_wait:.2f} ms) while "
                      f"the workers keep up on average; a deeper queue absorbs them",
@@ -211,9 +299,17 @@ def larger_batches(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     overhead. Loaders that do their own batching keep it: the advice names their batcher."""
     util = f.system.get("gpu_util_mean")
     batch = f.config.get("batch_size")
+    # Only with measured memory headroom (issue 35 item 6): the GPU's peak use, doubled, within
+    # 90% of its memory; and the learning rate goes with the batch.
+    used, total = f.system.get("gpu_mem_used_max_bytes"), f.system.get("gpu_mem_total_bytes")
+    if not used or not total or used * 2 > t.batch_memory_fraction * total:
+        return []
     reason = (f"the GPU is {util:.0f}% busy while the loop hardly waits for data: larger batches (or CUDA "
-              f"graphs, torch.compile, fewer small kernels) cut launch overhead")
-    evidence = f.evidence(gpu_util_pct=util)
+              f"graphs, torch.compile, fewer small kernels) cut launch overhead; its memory allows twice the "
+              f"batch ({used / 2**30:.1f} of {total / 2**30:.1f} GiB used at peak, x2 within "
+              f"{t.batch_memory_fraction:.0%}); twice the batch changes the optimisation: scale the learning rate "
+              f"with it (x2, linear scaling, with warm-up) or re-tune it, and expect half the optimizer steps per epoch")
+    evidence = f.evidence(gpu_util_pct=util, gpu_mem_used_max_bytes=used, gpu_mem_total_bytes=total)
     if batch:
         return [proposal(f, "batch_size", batch * 2, reason, evidence)]
     batcher = f.config.get("batch_sampler")
@@ -260,6 +356,7 @@ RULES = (
     Rule("more_workers", "starved", more_workers),
     Rule("main_process_share", "starved", main_process_share),
     Rule("lighter_transforms", "starved", lighter_transforms),
+    Rule("build_once", "starved", build_once),
     Rule("persistent_workers", "starved", persistent_workers),
     Rule("deeper_prefetch", "starved", deeper_prefetch),
     Rule("faster_storage", "starved", faster_storage),

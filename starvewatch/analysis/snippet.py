@@ -75,7 +75,8 @@ def snippet(config: dict | None, recs: list[dict], loader: str) -> str | None:
     """The line to copy: `DataLoader(dataset, ...)` with the user's whole configuration and the
     recommendations applied (call_arguments), or, where that configuration cannot be written as
     a call, only the arguments to change (`num_workers=2, persistent_workers=True`)."""
-    changed = {r["parameter"]: r["suggested"] for r in recs if r["loader"] == loader and r["parameter"] in _ADVISED}
+    changed = {k: v for r in recs if r["loader"] == loader and r["parameter"] in _ADVISED
+               for k, v in {r["parameter"]: r["suggested"], **(r.get("also") or {})}.items()}
     if not changed:
         return None
     kwargs, writable = call_arguments(config, recs, loader)

@@ -29,6 +29,12 @@ class Thresholds:
     worker_headroom: float = 1.2          # workers = ceil(load / compute x this)
     cpu_busy_fraction: float = 0.5        # worker (or loading) CPU time / wall time: CPU-bound above
     cpu_busy_fraction_saturated: float = 0.15  # the same on a saturated host (CPU time is rationed)
+    # No hard switch on a noisy share (issue 35 item 5): the threshold slides from the quiet
+    # one to the saturated one as the host's CPU goes from the first to the second figure, and
+    # a share within `cpu_busy_band` of it (relative) blends the two models' predictions.
+    busy_host_pct_from: float = 70.0
+    busy_host_pct_to: float = 95.0
+    cpu_busy_band: float = 0.25
     iowait_high_pct: float = 20.0         # kernel iowait that marks storage-bound reads
     cpu_saturated_pct: float = 90.0       # machine CPU busy: more workers cannot help
     cgroup_throttled_pct: float = 50.0    # a CPU quota throttled in this share of its periods: saturated
@@ -39,9 +45,16 @@ class Thresholds:
     memory_reserve_fraction: float = 0.2  # of free RAM and /dev/shm, never planned for workers
     gpu_underused_pct: float = 70.0       # GPU utilization under this while not input-bound
     min_gain: float = 1.02                # predictions under 2% are not worth a recommendation
+    batch_memory_fraction: float = 0.9    # larger batches only while peak GPU memory x new/old stays under this
     worker_transfer_ms: float = 0.5       # handing a batch from a worker to the loop, when unmeasured
-    worker_startup_ms: float = 60.0       # spawning the workers of one epoch, when unmeasured
+    # Starting one worker where no start-up was measured (its CPU, shared by the free cores):
+    # fork copies the page tables; spawn and forkserver start an interpreter, import torch and
+    # unpickle the dataset. Measured start-up is scaled from the workers it was measured with.
+    worker_spawn_ms_fork: float = 25.0
+    worker_spawn_ms_spawn: float = 400.0
+    pickle_bytes_per_ms: float = 200_000.0  # the dataset's pickled bytes sent to each spawned worker
     range_min_spread: float = 0.2         # a speed-up range is given when high > low x (1 + this)
+    startup_margin: float = 1.5           # a worker count must pay for this much of its start-up
 
 
 DEFAULT = Thresholds()
@@ -83,10 +96,11 @@ class LoaderFacts:
             if self.workers and active_workers is not None and active_workers >= 1 else self.workers
         self.idle_workers = (self.workers or 0) - (self.active_workers or 0)
         self.steps = part["steps"]
+        self.t = t
         totals = data.totals
         steady = self._measure_waits(totals, data.records)
         self._place(system, run, part)
-        self._measure_load()
+        self._measure_load(t)
         self._judge_saturation(t)
         self._measure_hand_over(t, steady)
         self._measure_bursts(t)
@@ -114,6 +128,18 @@ class LoaderFacts:
         # Sampled waits: the training thread's CPU time while it waited for a batch.
         self.probe_cpu_fraction = (totals.wait_probe_cpu_ns / totals.wait_probe_ns
                                    if totals.wait_probe_ns > 10_000_000 else None)
+        # ... and the process's other threads' CPU in those waits (issue 35 item 1): loading on
+        # a thread (MONAI's ThreadDataLoader, a prefetch thread) runs while the training thread
+        # is blocked on its queue. Only without worker processes (else the pin-memory thread's).
+        self.thread_cpu_fraction = None
+        if not self.workers and self.probe_cpu_fraction is not None and totals.wait_probe_process_cpu_ns:
+            self.thread_cpu_fraction = max(0.0, (totals.wait_probe_process_cpu_ns - totals.wait_probe_cpu_ns)
+                                           / totals.wait_probe_ns)
+        # A loader built anew at every epoch (the same call site and dataset: hooks/session.py)
+        # starts its workers every epoch, persistent_workers or not (about every epoch: a
+        # loader rebuilt once, as Lightning does at set-up, is not).
+        self.rebuilds = getattr(totals, "rebuilds", 0)
+        self.rebuilt = self.rebuilds >= 1 and self.epochs >= 2 and self.rebuilds >= (self.epochs - 1) / 2
         return steady
 
     def _place(self, system: dict | None, run: dict | None, part: dict) -> None:
@@ -125,7 +151,7 @@ class LoaderFacts:
         self.ranks_per_host, self.ranks_per_host_source = ranks_per_host(run, part.get("ranks") or [0])
         self.cores = max(1, cores // self.ranks_per_host)
 
-    def _measure_load(self) -> None:
+    def _measure_load(self, t: Thresholds) -> None:
         """One batch's loading cost on one worker (`load`), from the workers that served."""
         info = (self.system.get("loaders") or {}).get(self.name) or {}
         self.worker_info = info
@@ -138,7 +164,21 @@ class LoaderFacts:
             if served:
                 self.worker_load = sum(b * ms for b, ms in served) / sum(b for b, _ in served)
         self.worker_cpu_fraction = info.get("worker_cpu_fraction")
-        if not self.workers:  # loading on the training thread: the wait is the load
+        # The epoch's own start that any configuration pays (a plain iterable opening its
+        # files, a dataset's first read), measured where loading is on the training thread.
+        self.own_startup = max(0.0, (self.first_wait or 0) - self.steady_wait) if not self.workers else 0.0
+        host_pct = self._host_busy_pct()
+        self.busy_threshold = self._busy_threshold(t, host_pct)
+        # Loading on another thread of the process: that thread busy while the training one
+        # waits idle (a thread loader; twice the training thread's share at least, so that
+        # torch's collate threads and starvewatch's own beside a loading training thread are
+        # not taken for one). It loads while the loop computes, as one worker does.
+        self.loads_on_thread = self.thread_cpu_fraction is not None \
+            and self.thread_cpu_fraction >= (1 - t.cpu_busy_band) * self.busy_threshold \
+            and self.thread_cpu_fraction > 2 * (self.probe_cpu_fraction or 0)
+        if self.loads_on_thread:  # one thread loads a batch per step, overlapped with the loop
+            self.load = self.step
+        elif not self.workers:  # loading on the training thread: the wait is the load
             self.load = self.steady_wait
         elif self.worker_load:
             self.load = self.worker_load
@@ -169,7 +209,9 @@ class LoaderFacts:
             self.host_cpu_saturated = (self.system.get("cpu_pct_mean") or 0) >= t.cpu_saturated_pct
         # Either way more CPU-bound workers cannot get more done.
         self.cores_saturated = self.host_cpu_saturated or self.loading_saturates_cores
-        self.cpu_busy = self._cpu_busy(t)
+        # How surely loading is CPU work, 0..1 (blended near the threshold), and the label.
+        self.cpu_weight = self._cpu_weight(t)
+        self.cpu_busy = None if self.cpu_weight is None else self.cpu_weight >= 0.5
 
     def _measure_hand_over(self, t: Thresholds, steady) -> None:
         """The cost of handing a ready batch to the loop, and the main process's share of a
@@ -201,14 +243,13 @@ class LoaderFacts:
             if self.workers and self.probe_cpu_fraction is not None else 0.0
         # Main-bound: that share is most of the wait (not a hand-over beside bursts or slow workers).
         self.main_bound = bool(self.workers) and self.probe_cpu_fraction is not None \
-            and self.probe_cpu_fraction >= self._busy_threshold(t) and self.main_share >= t.worker_transfer_ms \
+            and self.probe_cpu_fraction >= self.busy_threshold and self.main_share >= t.worker_transfer_ms \
             and self.main_share >= 0.5 * self.steady_wait
         self.transfer = max(self.transfer, self.main_share)
 
     def _measure_bursts(self, t: Thresholds) -> None:
         """The workers' start-up, and the waits in bursts a prefetch queue did not absorb."""
         self.respawn = max(0.0, (self.first_wait or 0) - self.steady_wait) if self.workers else 0.0
-        self.startup = self.respawn if self.respawn > 0 else t.worker_startup_ms
         # Waits in bursts the queue did not absorb (the mean over the median, when bursty).
         self.bursty = bool(self.workers and self.median_wait is not None and self.p99_wait is not None
                            and self.p99_wait > t.bursty_p99_factor * max(self.median_wait, 0.05))
@@ -222,23 +263,45 @@ class LoaderFacts:
             if self.bursty else prefetch
         gpu = self.system.get("gpu_util_mean")
         self.gpu_busy_fraction = gpu / 100 if gpu is not None else None
-    def _busy_threshold(self, t: Thresholds) -> float:
-        return t.cpu_busy_fraction_saturated if self.host_cpu_saturated else t.cpu_busy_fraction
 
-    def _cpu_busy(self, t: Thresholds) -> bool | None:
-        """Is loading CPU work (decoding, transforms) rather than waiting (reads, sleeps)?"""
+    def _host_busy_pct(self) -> float:
+        """The host's CPU use as this process sees it (inside a quota, the quota's use)."""
+        quota_use = self.system.get("cgroup_cpu_pct_mean")
+        return quota_use if quota_use is not None else (self.system.get("cpu_pct_mean") or 0.0)
+
+    def _busy_threshold(self, t: Thresholds, host_pct: float) -> float:
+        """The CPU share above which loading is CPU work: on a busy host a CPU-bound fetch is
+        runnable but descheduled much of the time, so its share falls; the threshold slides
+        with the host's use (no step at one percentage that a noisy mean falls either side of)."""
+        span = max(1e-9, t.busy_host_pct_to - t.busy_host_pct_from)
+        x = min(1.0, max(0.0, (host_pct - t.busy_host_pct_from) / span))
+        if self.system.get("cgroup_throttled_pct_mean") is not None \
+                and self.system["cgroup_throttled_pct_mean"] >= t.cgroup_throttled_pct:
+            x = 1.0
+        return t.cpu_busy_fraction + x * (t.cpu_busy_fraction_saturated - t.cpu_busy_fraction)
+
+    def loading_cpu_fraction(self) -> float | None:
+        """The CPU time over wall time of whatever does the loading: the workers, the training
+        thread, or (a thread loader) the other threads while the training thread waits."""
+        if self.workers:
+            return self.worker_cpu_fraction
+        if self.loads_on_thread:
+            return self.thread_cpu_fraction + (self.probe_cpu_fraction or 0.0)
+        return self.probe_cpu_fraction if self.workers == 0 else None
+
+    def _cpu_weight(self, t: Thresholds) -> float | None:
+        """How surely loading is CPU work (decoding, transforms) rather than waiting (reads,
+        sleeps): 0 or 1 away from the threshold, a straight blend within `cpu_busy_band` of it,
+        so two runs whose shares straddle it predict alike. None where nothing was measured."""
         if self.storage_bound:
-            return False
-        # On a saturated host a CPU-bound fetch is runnable but descheduled much of the time, so
-        # its CPU time over wall time falls; a fetch that sleeps on reads stays near zero.
-        threshold = self._busy_threshold(t)
-        if self.workers and self.worker_cpu_fraction is not None:
-            if self.loading_saturates_cores:
-                return True
-            return self.worker_cpu_fraction >= threshold
-        if self.workers == 0 and self.probe_cpu_fraction is not None:
-            return self.probe_cpu_fraction >= threshold
-        return None
+            return 0.0
+        if self.workers and self.worker_cpu_fraction is not None and self.loading_saturates_cores:
+            return 1.0
+        share = self.loading_cpu_fraction()
+        if share is None:
+            return None
+        low, high = (1 - t.cpu_busy_band) * self.busy_threshold, (1 + t.cpu_busy_band) * self.busy_threshold
+        return min(1.0, max(0.0, (share - low) / max(1e-9, high - low)))
 
     def workers_needed(self, t: Thresholds) -> int:
         if self.body <= 0:
@@ -255,6 +318,12 @@ class LoaderFacts:
             out["wait_cpu_fraction"] = round(self.probe_cpu_fraction, 3)
         if self.worker_cpu_fraction is not None:
             out["worker_cpu_fraction"] = round(self.worker_cpu_fraction, 3)
+        if self.loads_on_thread:  # loading on another thread of the process (a thread loader)
+            out["loading_thread_cpu_fraction"] = round(self.thread_cpu_fraction, 3)
+        if self.cpu_weight is not None and 0 < self.cpu_weight < 1:  # near the threshold: blended
+            out.update(cpu_bound_weight=round(self.cpu_weight, 3), cpu_busy_threshold=round(self.busy_threshold, 3))
+        if self.rebuilt:
+            out["loader_rebuilds"] = self.rebuilds
         if self.main_cpu_ms is not None:  # what CPU-bound loading shares the cores with
             out.update(main_cpu_ms=round(self.main_cpu_ms, 3), others_cores=round(self.others_cores, 3))
         out.update(extra)
@@ -288,8 +357,12 @@ def measure_cpu_sharing(f: LoaderFacts, totals) -> None:
         elif f.workers == 0 and f.probe_cpu_fraction is not None:
             waits = (totals.wait_probe_process_cpu_ns / totals.wait_probe_ns
                      if totals.wait_probe_process_cpu_ns else f.probe_cpu_fraction)
-            f.main_cpu_ms = max(0.0, process_ms - f.wait * waits)
-    loading = f.worker_cpu_fraction if f.workers else f.probe_cpu_fraction
+            if f.loads_on_thread:  # the loading thread works all step long, not only in the waits
+                f.main_cpu_ms = max(0.0, process_ms - f.wait * f.probe_cpu_fraction
+                                    - f.step * f.thread_cpu_fraction)
+            else:
+                f.main_cpu_ms = max(0.0, process_ms - f.wait * waits)
+    loading = f.loading_cpu_fraction()
     f.thread_share = min(1.0, loading) if loading else None
     f.others_cores = f.others_cores_max = 0.0
     quota = f.system.get("cpu_quota_cores")
@@ -304,18 +377,41 @@ def measure_cpu_sharing(f: LoaderFacts, totals) -> None:
             if f.system.get(key) is not None:
                 setattr(f, attr, max(0.0, f.system[key] / 100 * count - ours))
         f.others_cores_max = max(f.others_cores, f.others_cores_max)
+    f.others_threads = others_threads(f)
+
+
+def others_threads(f: LoaderFacts) -> float:
+    """The other processes' runnable threads, from the host as measured (issue 35 item 4): the
+    scheduler gives each runnable thread an equal share of the cores (the processes of one
+    session or cgroup are not grouped apart), so where the loading got under a core on a busy
+    host (`thread_share` < 0.9), cores / that share is how many threads were runnable, less
+    this process's own. None where the loading got (nearly) a whole core: then no contention
+    was seen, and the others are taken to keep the cores they used (a CPU-heavy step beside a
+    hog: 2 workers measured 0.71x, as that predicts)."""
+    share = f.thread_share
+    busy = f.others_cores
+    if not share or share >= 0.9 or busy <= 0 or f.main_cpu_ms is None:
+        return None  # no contention seen: the others keep the cores they used
+    step = max(f.step, 1e-9)
+    loading = f.load if (f.workers or f.loads_on_thread) else f.wait  # wall time runnable, per step
+    ours = loading / step + f.main_cpu_ms / share / step
+    return max(busy, f.cores / share - ours)
 
 
 def shared_cores_step(f: LoaderFacts, workers: int, load: float, compute: float, handover: float,
                       others_cores: float) -> tuple[float, float]:
     """(loading-or-compute time per batch, the share of a core each runnable thread gets) for
-    CPU-bound loading in `workers` workers that share the cores the host's other processes
-    leave (`f.cores` - `others_cores`) with each other and the training process: each busy
-    worker and the training process (its CPU per step over the step) are runnable threads
-    with an equal share, min(1, free cores / runnable). Solved as a fixed point (a step's
+    CPU-bound loading in `workers` workers that share the cores with each other, the training
+    process and the host's other processes: each busy worker, the training process (its CPU
+    per step over the step) and each of the others' runnable threads (`others_threads`, as
+    measured) get an equal share, min(1, cores / runnable). Solved as a fixed point (a step's
     length sets how busy each is, which sets the share)."""
     share_now = f.thread_share or 1.0
-    free = max(1e-3, f.cores - others_cores)
+    # the others' runnable threads where contention was measured, as many more or fewer as
+    # their busy cores say (a range's ends); else the cores they leave
+    contended = f.others_threads is not None
+    others = f.others_threads * others_cores / f.others_cores if contended and f.others_cores > 0 else 0.0
+    free = f.cores if contended else max(1e-3, f.cores - others_cores)
     load_cpu = load * share_now                     # CPU time of one batch's loading
     main_cpu = (f.main_cpu_ms or 0.0) + (0.0 if f.workers else handover)
     # The part of compute that was CPU work ran at the share measured; the rest (GPU, sleeps) waits.
@@ -325,7 +421,7 @@ def shared_cores_step(f: LoaderFacts, workers: int, load: float, compute: float,
     for _ in range(100):
         busy_workers = min(float(workers), load_cpu / max(1e-9, share * step))
         main_busy = main_cpu / max(1e-9, share * step)
-        share = min(1.0, free / max(1e-9, busy_workers + main_busy))
+        share = min(1.0, free / max(1e-9, others + busy_workers + main_busy))
         new = max(compute_idle + compute_cpu_wall * share_now / share, load_cpu / (workers * share))
         if abs(new - step) < 1e-6 * step:
             break
@@ -333,16 +429,34 @@ def shared_cores_step(f: LoaderFacts, workers: int, load: float, compute: float,
     return step, share
 
 
-def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
-    """Predicted loop time per sample-equivalent batch (ms) under `config` (DataLoader
-    arguments) and `what_if` (`load_scale`: loading cost kept; `batch_scale`: samples per
-    step; `handover_ms`: the main process's share of each batch; `resharded`: every configured
-    worker serves, as after resharding into enough shards, else no more than the workers that
-    served do; `others_cores`: other processes' busy cores; `unmeasured_scale`: the unmeasured
-    costs scaled; `input_ms`: the workers' time per batch, measured per worker; `burst_scale`:
-    the part of the waits in bursts that remains). Divided by batch_scale, so ratios are
-    per-sample speed-ups."""
-    what_if = what_if or {}
+def startup_ms(f: LoaderFacts, workers: int, free_cores: float | None = None) -> float:
+    """One epoch's worker start-up with `workers` workers (issue 35 item 3). Starting workers
+    is CPU work the free cores share, so it grows with the count past them: measured (the
+    first batch's wait over the steady one) with the run's workers and scaled from them;
+    else modelled from the start method (fork, or spawn/forkserver: an interpreter, torch's
+    import and the dataset's pickled bytes per worker) -- never a flat default."""
+    free = max(1.0, free_cores if free_cores is not None else f.cores - f.others_cores)
+    if f.workers and f.respawn > 0:
+        return f.respawn * max(1.0, workers / free) / max(1.0, f.workers / free)
+    t = f.t
+    # (without workers the start method is not recorded; the dataset's pickled size is, where
+    # the platform's default spawns: hooks/introspect.py)
+    method = f.config.get("multiprocessing_context") or ("spawn" if f.config.get("dataset_pickled_bytes") else "fork")
+    per_worker = t.worker_spawn_ms_fork if method == "fork" else t.worker_spawn_ms_spawn \
+        + (f.config.get("dataset_pickled_bytes") or 0) / t.pickle_bytes_per_ms
+    return per_worker * max(1.0, workers / free)
+
+
+def _starts(f: LoaderFacts, config: dict, what_if: dict) -> int:
+    """How many times the workers start: once when persistent (and the loader is built once),
+    else every epoch."""
+    built_once = not f.rebuilt or what_if.get("built_once")
+    persistent = config.get("persistent_workers") or what_if.get("persistent_workers")
+    return 1 if persistent and built_once else f.epochs
+
+
+def _branch_step(f: LoaderFacts, config: dict, what_if: dict, cpu: bool) -> float:
+    """The step under `config` with loading taken as CPU work (`cpu`) or as waiting."""
     scale = what_if.get("batch_scale", 1.0)
     before, after = f.config.get("batch_size"), config.get("batch_size")
     if isinstance(before, int) and isinstance(after, int) and before > 0:
@@ -356,36 +470,69 @@ def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     # Workers idle for lack of shards (or of data) stay idle under any num_workers: only the
     # ones that served load.
     serving = workers if not f.idle_workers or what_if.get("resharded") else min(workers, f.active_workers)
+    own_start = f.own_startup * f.epochs / max(1, f.steps)  # paid in any configuration
     if workers == 0:
-        step = compute + load
+        if f.loads_on_thread:  # the loading thread overlaps the loop, as one worker does
+            return max(compute, load) + own_start
+        return compute + load + own_start
+    # `input_ms`: the workers' time per batch as measured per worker and handed over out of
+    # order (rules.out_of_order), in place of the mean load spread over the workers.
+    step = max(compute, what_if["input_ms"] if "input_ms" in what_if else load / serving)
+    unmeasured = what_if.get("unmeasured_scale", 1.0)
+    handover = what_if.get("handover_ms", f.transfer) * (1.0 if f.workers else unmeasured)
+    others = what_if.get("others_cores", f.others_cores)
+    # An epoch's start is the workers' start-up plus their first batch's load, which lighter
+    # loading shortens too.
+    if f.respawn:
+        startup = max(0.0, startup_ms(f, workers) - f.load * (1 - what_if.get("load_scale", 1.0)))
     else:
-        # `input_ms`: the workers' time per batch as measured per worker and handed over out
-        # of order (rules.out_of_order), in place of the mean load spread over the workers.
-        step = max(compute, what_if["input_ms"] if "input_ms" in what_if else load / serving)
-        # An epoch's start is the workers' spawn plus their first batch's load, which lighter
-        # loading shortens too.
-        startup = max(0.0, f.startup - f.load * (1 - what_if.get("load_scale", 1.0)))
-        # `unmeasured_scale` bends the costs no run measured (a range's ends: speedup_range).
-        unmeasured = what_if.get("unmeasured_scale", 1.0)
-        handover = what_if.get("handover_ms", f.transfer) * (1.0 if f.workers else unmeasured)
-        if f.cpu_busy and f.main_cpu_ms is not None:
-            # The workers share the cores with each other, the training process and the
-            # host's other processes (measured: measure_cpu_sharing).
-            step, share = shared_cores_step(f, serving, load, compute, handover,
-                                            what_if.get("others_cores", f.others_cores))
-            if not f.respawn:  # unmeasured: the spawn, then every worker's first batch at once,
-                # both CPU work at the share of a core each thread gets
-                startup = (f.startup * unmeasured + load * (f.thread_share or 1)) / share
-        elif f.cpu_busy:
-            step = max(step, load / f.cores)  # the workers share the host's cores
-        prefetch = config.get("prefetch_factor") or 2
-        current = f.config.get("prefetch_factor") or 2
-        unabsorbed = 1.0 if prefetch <= current else max(
-            0.0, 1 - (prefetch - current) / max(1, f.prefetch_needed - current))
-        starts = 1 if config.get("persistent_workers") else f.epochs
-        # `burst_scale`: the part of the bursts that stays (out of order, the head-of-line part goes).
-        step += handover + startup * starts / max(1, f.steps) + f.burst_excess * unabsorbed * what_if.get(
-            "burst_scale", 1.0)
+        startup = startup_ms(f, workers) * unmeasured + load
+    if cpu and f.main_cpu_ms is not None:
+        # The workers share the cores with each other, the training process and the
+        # host's other processes (measured: measure_cpu_sharing).
+        step, share = shared_cores_step(f, serving, load, compute, handover, others)
+        if not f.respawn:  # unmeasured: the start-up, then every worker's first batch at once,
+            # both CPU work at the share of a core each thread gets
+            startup = (startup_ms(f, workers, f.cores - others) * unmeasured + load * (f.thread_share or 1)) / share
+    elif cpu:
+        step = max(step, load / f.cores)  # the workers share the host's cores
+    prefetch = config.get("prefetch_factor") or 2
+    current = f.config.get("prefetch_factor") or 2
+    unabsorbed = 1.0 if prefetch <= current else max(
+        0.0, 1 - (prefetch - current) / max(1, f.prefetch_needed - current))
+    startup *= what_if.get("startup_scale", 1.0)  # a margin on start-up (worker_plan)
+    starts = _starts(f, config, what_if)
+    # An epoch whose workers did not start again still begins with an empty queue: its first
+    # batch waits one load (persistent workers prefetch only once iter() is called).
+    refills = load * (f.epochs - starts) / max(1, f.steps)
+    # `burst_scale`: the part of the bursts that stays (out of order, the head-of-line part goes).
+    return step + handover + startup * starts / max(1, f.steps) + refills \
+        + f.burst_excess * unabsorbed * what_if.get("burst_scale", 1.0) + own_start
+
+
+def step_ms(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
+    """Predicted loop time per sample-equivalent batch (ms) under `config` (DataLoader
+    arguments) and `what_if` (`load_scale`: loading cost kept; `batch_scale`: samples per
+    step; `handover_ms`: the main process's share of each batch; `resharded`: every configured
+    worker serves, as after resharding into enough shards, else no more than the workers that
+    served do; `others_cores`: other processes' busy cores; `unmeasured_scale`: the unmeasured
+    costs scaled; `input_ms`: the workers' time per batch, measured per worker; `burst_scale`:
+    the part of the waits in bursts that remains; `startup_scale`: the workers' start-up
+    scaled; `built_once`: a loader rebuilt every epoch built once instead). Divided by
+    batch_scale, so ratios are per-sample speed-ups. Loading near the CPU-bound threshold gets
+    the two models' steps blended by `cpu_weight` (issue 35 item 5)."""
+    what_if = what_if or {}
+    scale = what_if.get("batch_scale", 1.0)
+    before, after = f.config.get("batch_size"), config.get("batch_size")
+    if isinstance(before, int) and isinstance(after, int) and before > 0:
+        scale *= after / before
+    w = f.cpu_weight or 0.0
+    if w >= 1.0:
+        step = _branch_step(f, config, what_if, True)
+    elif w <= 0.0:
+        step = _branch_step(f, config, what_if, False)
+    else:
+        step = w * _branch_step(f, config, what_if, True) + (1 - w) * _branch_step(f, config, what_if, False)
     return step / scale
 
 
@@ -396,9 +543,11 @@ def speedup(f: LoaderFacts, config: dict, what_if: dict | None = None) -> float:
     CPU already holds part of each hand-over, and what the model gets wrong on both cancels
     instead of passing for a slow-down."""
     after = max(1e-9, step_ms(f, config, what_if))
-    if f.workers and f.cpu_busy and f.main_cpu_ms is not None:
+    w = f.cpu_weight or 0.0
+    if f.workers and w > 0 and f.main_cpu_ms is not None:
         present = {k: v for k, v in (what_if or {}).items() if k in ("others_cores", "unmeasured_scale")}
-        gain = step_ms(f, f.config, present) / after
+        # blended as the step is: the modelled present where the model is the shared cores'
+        gain = (w * step_ms(f, f.config, present) + (1 - w) * f.step) / after
     else:
         gain = f.step / after
     return min(gain, ceiling(f, config, what_if))

@@ -25,6 +25,47 @@ def _start_method(loader) -> str | None:
     return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
 
 
+PICKLE_CAP_BYTES = 1 << 30
+
+
+class _Counter:
+    """A file that counts what is written to it and keeps nothing; past the cap it stops the
+    pickling (a dataset that large is reported as at least the cap)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def write(self, data) -> int:
+        self.n += len(data)
+        if self.n > PICKLE_CAP_BYTES:
+            raise OverflowError
+        return len(data)
+
+
+def pickled_bytes(obj) -> int | None:
+    """The bytes a spawned worker receives for `obj` (pickled as multiprocessing does), counted
+    without keeping them; None where it does not pickle (a worker would fail to start anyway)."""
+    import pickle
+    sink = _Counter()
+    try:
+        pickle.Pickler(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except OverflowError:
+        return PICKLE_CAP_BYTES
+    except Exception:  # noqa: BLE001 - a dataset that does not pickle: nothing to report
+        return None
+    return sink.n
+
+
+def _spawns(loader) -> bool:
+    """Workers of this loader start as new interpreters (spawn, forkserver): with workers, its
+    start method; without, the platform's default (macOS, Windows, Python 3.14's Linux)."""
+    method = _start_method(loader)
+    if method is None:
+        import multiprocessing
+        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+    return method in ("spawn", "forkserver")
+
+
 def dataloader_config(loader) -> dict:
     """Every setting that the diagnosis may recommend changing, typed as torch takes it."""
     try:
@@ -52,6 +93,12 @@ def dataloader_config(loader) -> dict:
         config["snapshot_every_n_steps"] = loader.snapshot_every_n_steps
     config.update(shard_facts(loader.dataset))
     return config
+
+
+def spawn_facts(loader) -> dict:
+    """What each spawned worker unpickles, part of its start-up (the model's): read once per
+    loader, when it is first watched (not at each re-creation), only where workers spawn."""
+    return {"dataset_pickled_bytes": pickled_bytes(loader.dataset)} if _spawns(loader) else {}
 
 
 def wrapped_loader(loader) -> tuple[dict | None, object | None]:

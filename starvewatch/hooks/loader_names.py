@@ -41,15 +41,3 @@ def name_hints(frame, loader) -> tuple[str, ...]:
     out.append(type(loader).__name__)
     return tuple(safe_name(h, "loader") for h in out if h and h not in ("list", "range", "generator"))
 
-
-def site_key(frame, loader) -> tuple | None:
-    """The identity of an unnamed loader: its `watch()` call site, its dataset object and its
-    batching (a loader rebuilt each epoch at the same line over the same dataset is the same
-    loader; a generator made there anew is too). None where no call site can be read."""
-    if frame is None:
-        return None
-    dataset = getattr(loader, "dataset", None)
-    # Two loaders made at one line over one dataset with other batching (a list of loaders
-    # built in a loop) are two loaders.
-    return (frame.f_code.co_filename, frame.f_lineno, id(dataset) if dataset is not None else None,
-            getattr(loader, "batch_size", None), getattr(loader, "num_workers", None))

@@ -21,7 +21,7 @@ from ..limits import MAX_LOADERS_PER_RUN, OVERFLOW_LOADER
 from . import cuda
 from .core import take_notice as take_core_notice
 from .identity import default_run_name, rank_info, run_id_for, run_metadata
-from .introspect import dataloader_config, is_torch_dataloader, wrapped_loader
+from .introspect import dataloader_config, is_torch_dataloader, spawn_facts, wrapped_loader
 from .delivery.account import Warnings, add_accounts
 from .delivery.records import LocalPipeline, with_buffer_drops
 from .delivery.shipper import Shipper
@@ -48,7 +48,7 @@ class LoaderState:
     """Everything the hot path touches for one loader, bound to one session."""
 
     __slots__ = ("session", "name", "index", "totals", "config", "fixed_batch_size", "buffer",
-                 "segments", "capacity", "current", "kind", "board")
+                 "segments", "capacity", "current", "kind", "board", "loader_ref")
 
     def __init__(self, session: "Session", name: str, index: int, config: dict | None,
                  fixed_batch_size: int | None, kind: str) -> None:
@@ -65,6 +65,18 @@ class LoaderState:
         self.current = None
         self.kind = kind
         self.board = None  # per-worker telemetry of a multi-process DataLoader
+        self.loader_ref = None  # the loader object last watched as this loader (weakly)
+
+    def watched_object(self, loader) -> bool:
+        """Note `loader` as this loader's object; True when it is a new one (a re-creation)."""
+        import weakref
+        seen = self.loader_ref is not None
+        previous = self.loader_ref() if seen else None  # None: the earlier object is gone
+        try:
+            self.loader_ref = weakref.ref(loader)
+        except TypeError:  # (a DataLoader takes weak references; a subclass with __slots__ may not)
+            self.loader_ref = None
+        return seen and previous is not loader
 
     def attached(self) -> "LoaderState":
         """This loader's state in the current run (a new run after `finish()`)."""
@@ -113,6 +125,8 @@ class Session:
         # not all taken: with the buffer's length, what bounds the reads the next one may get.
         self.segments: list = []
         self.loaders: dict[str, LoaderState] = {}
+        from .loader_identity import SiteBook
+        self.sites = SiteBook()  # call site + dataset -> loader name (loader_identity.py)
         self.loader_list: list[LoaderState] = []
         self.live_iterators: weakref.WeakSet = weakref.WeakSet()
         self.events: deque = deque()
@@ -390,15 +404,11 @@ def _changed_settings(old: dict, new: dict) -> str:
     return ", ".join(changed[:4]) + (", ..." if len(changed) > 4 else "")
 
 
-# (call site, dataset) -> the name an unnamed loader got there (hooks/loader_names.site_key).
-_SITE_NAMES: dict[tuple, str] = {}
-
-
-def _loader_name(session: Session, name, shell, loader=None) -> str:
+def _loader_name(session: Session, name, shell, loader=None, config: dict | None = None) -> str:
     """The name given, or the one this call site got before (a re-run notebook cell), or the
     next default name; past the collector's bound on loader names per run (limits.py), the
     one name all further loaders share, so a batch is never refused for it."""
-    chosen = _given_or_default_name(session, name, shell)
+    chosen = _given_or_default_name(session, name, shell, loader, config)
     if chosen not in session.loaders and len(session.loaders) >= MAX_LOADERS_PER_RUN - 1:
         if not getattr(session, "overflow_said", False):
             session.overflow_said = True
@@ -408,23 +418,30 @@ def _loader_name(session: Session, name, shell, loader=None) -> str:
     return chosen
 
 
-def _given_or_default_name(session: Session, name, shell) -> str:
+def _given_or_default_name(session: Session, name, shell, loader, config: dict | None) -> str:
+    """The name given, or the one this call site got before, or the next default name. The
+    frame of watch()'s caller is three up: this function, _loader_name, watch."""
     if name is not None:
         return safe_name(str(name), "loader")
     key = None
     if shell is not None:
         from .notebook import name_for_site, unnamed_watch_key
-        key = unnamed_watch_key(sys._getframe(2))
+        key = unnamed_watch_key(sys._getframe(3))
         earlier = name_for_site(key)
         if earlier is not None:
             return earlier
-    from .loader_names import name_hints, site_key
-    site = site_key(sys._getframe(2), loader)
-    chosen = _SITE_NAMES.get(site) if site is not None else None
-    if chosen is None:  # the same call site and dataset is the same loader: the same name
-        chosen = session.default_loader_name(name_hints(sys._getframe(2), loader))
-        if site is not None:
-            _SITE_NAMES[site] = chosen
+    # The identity rule (loader_identity.py): the same call site and dataset continue a loader.
+    from .loader_identity import call_site
+    site = call_site(sys._getframe(3))
+    # ... with the same settings (two loaders of one line with other batch sizes are two)
+    settings = _settings_of(config) if config is not None else None
+    for earlier in session.sites.names_for(site, loader):
+        state = session.loaders.get(earlier)
+        if state is not None and (settings is None or _settings_of(state.config) == settings):
+            return earlier
+    from .loader_names import name_hints
+    chosen = session.default_loader_name(name_hints(sys._getframe(3), loader))
+    session.sites.remember(site, loader, chosen)
     if key is not None:
         from .notebook import remember_site
         remember_site(key, chosen)
@@ -486,24 +503,10 @@ def watch(loader, name: str | None = None):
         return loader
     shell = _kernel_shell()
     with _LOCK:
-        name = _loader_name(session, name, shell, loader)
-        if is_torch_dataloader(loader):
-            config = dataloader_config(loader)
-            state = session.loaders.get(name)
-            if state is not None and name != OVERFLOW_LOADER and _settings_of(state.config) != _settings_of(config):
-                session, state = _rewatched(session, state, config)
-                if state is not None:  # the same state, with this loader's settings
-                    from .workers import attach
-                    state.board = attach(loader, str(session.stack_dir))
-            if state is None:
-                state = session.add_loader(name, config, loader.batch_size, "DataLoader")
-                from .workers import attach
-                state.board = attach(loader, str(session.stack_dir))
-            loader.__class__ = watched_dataloader_class(type(loader), state)
-            if state.board is not None:  # a StatefulDataLoader's checkpoint interval (snapshots.py)
-                from .snapshots import count_checkpoints
-                count_checkpoints(type(loader), state.board.checkpoints)
-            wrapped = loader
+        config = dataloader_config(loader) if is_torch_dataloader(loader) else None
+        name = _loader_name(session, name, shell, loader, config)
+        if config is not None:
+            session, wrapped = _watch_dataloader(session, loader, name, config)
         else:
             state = session.loaders.get(name)
             if state is None:  # a WebLoader or a torchdata.nodes pipeline loads in workers too
@@ -530,6 +533,36 @@ def _dir_is_ours(settings) -> bool:
         print(f"starvewatch: monitoring off for this process: {exc}", file=sys.stderr, flush=True)
         return False
     return True
+
+
+def _watch_dataloader(session: Session, loader, name: str, config: dict):
+    """(the session, the loader) for a torch DataLoader watched as `name`: a new loader's state,
+    or the named one's (a new object with other settings: a new run; with the same settings,
+    rebuilt: its epochs count on, `rebuilds` counts it). Under _LOCK."""
+    state = session.loaders.get(name)
+    if state is not None and name != OVERFLOW_LOADER and _settings_of(state.config) != _settings_of(config):
+        session, state = _rewatched(session, state, config)
+        if state is not None:  # the same state, with this loader's settings
+            state.watched_object(loader)
+            from .workers import attach
+            state.board = attach(loader, str(session.stack_dir))
+    elif state is not None and state.watched_object(loader):
+        # A new loader object continuing this one (rebuilt every epoch): its epochs count
+        # on, and its workers report on a board of their own.
+        state.totals.rebuilds += 1
+        from .workers import attach
+        state.board = attach(loader, str(session.stack_dir)) or state.board
+    if state is None:
+        config.update(spawn_facts(loader))
+        state = session.add_loader(name, config, loader.batch_size, "DataLoader")
+        state.watched_object(loader)
+        from .workers import attach
+        state.board = attach(loader, str(session.stack_dir))
+    loader.__class__ = watched_dataloader_class(type(loader), state)
+    if state.board is not None:  # a StatefulDataLoader's checkpoint interval (snapshots.py)
+        from .snapshots import count_checkpoints
+        count_checkpoints(type(loader), state.board.checkpoints)
+    return session, loader
 
 
 def _rewatched(session: Session, state: LoaderState, config: dict):
