@@ -637,20 +637,7 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         session.ended_at = time.time()
         for sampler in session.samplers:
             sampler.stop()
-        shipper = session.shipper
-        done = shipper.stop(session.settings.flush_timeout_s + 1.0)
-        progress = shipper.progress()
-        while not done:
-            # Network waits in the final cycle are bounded by the flush deadline; what is left
-            # is CPU work on the last records, which the summary and the account need. On an
-            # overloaded machine, or with a backlog of millions of steps (a fast loop iterated
-            # again, issue 42), it takes longer: wait for it while it gets on, rather than
-            # report a summary without the last steps (uncounted: the collector would then
-            # hold more than finish() said). The backlog is bounded (the buffer's capacity).
-            done = shipper.wait(FINISH_GRACE_S)
-            if done or shipper.progress() == progress:
-                break
-            progress = shipper.progress()
+        done = _drain_shipper(session)
         if done and session.transport is not None:
             session.transport.close()
         if session.sidecar is not None:
@@ -662,27 +649,53 @@ def finish(*, quiet: bool | None = None) -> dict | None:
             summary = SummaryReport(summary)
         _LAST_SUMMARY = summary
     if not (session.settings.quiet if quiet is None else quiet):
-        from .report import print_report
-        previous = _previous_run(session, summary)
-        if previous is not None:  # slower than that run? the collector judged it (regression.py)
-            from .delivery.collector_link import run_regression
-            summary["regression"] = run_regression(session.settings.url, session.settings.token,
-                                                   summary["run"]["id"])
-            if summary["regression"] and isinstance(summary.get("answer"), dict):
-                summary["answer"]["regression"] = summary["regression"]["sentence"]
-        if in_kernel:
-            # Shown from here, whatever the cell does with the value (`s = finish()` renders
-            # nothing otherwise); the same cell's value then adds nothing (hooks/notebook.py).
-            import io
-            text = io.StringIO()
-            print_report(summary, session, file=text, previous_run_id=previous)
-            try:
-                summary.show(text.getvalue().rstrip("\n"))
-            except Exception as exc:  # a display that fails must not fail finish()
-                log.warning("starvewatch: notebook display failed: %s: %s", type(exc).__name__, exc)
-        else:
-            print_report(summary, session, file=sys.stderr, previous_run_id=previous)
+        _report(session, summary, in_kernel)
     return summary
+
+
+def _drain_shipper(session: Session) -> bool:
+    """Stops the shipper after its final cycle; True when that cycle ended (else it is still
+    busy past every grace period, and the summary goes without its last records)."""
+    shipper = session.shipper
+    done = shipper.stop(session.settings.flush_timeout_s + 1.0)
+    progress = shipper.progress()
+    while not done:
+        # Network waits in the final cycle are bounded by the flush deadline; what is left
+        # is CPU work on the last records, which the summary and the account need. On an
+        # overloaded machine, or with a backlog of millions of steps (a fast loop iterated
+        # again, issue 42), it takes longer: wait for it while it gets on, rather than
+        # report a summary without the last steps (uncounted: the collector would then
+        # hold more than finish() said). The backlog is bounded (the buffer's capacity).
+        done = shipper.wait(FINISH_GRACE_S)
+        if done or shipper.progress() == progress:
+            break
+        progress = shipper.progress()
+    return done
+
+
+def _report(session: Session, summary: dict, in_kernel: bool) -> None:
+    """The end-of-run report: on stderr, or shown in the notebook cell; with the regression
+    against the previous run of this name, as the collector judged it."""
+    from .report import print_report
+    previous = _previous_run(session, summary)
+    if previous is not None:  # slower than that run? the collector judged it (regression.py)
+        from .delivery.collector_link import run_regression
+        summary["regression"] = run_regression(session.settings.url, session.settings.token,
+                                               summary["run"]["id"])
+        if summary["regression"] and isinstance(summary.get("answer"), dict):
+            summary["answer"]["regression"] = summary["regression"]["sentence"]
+    if in_kernel:
+        # Shown from here, whatever the cell does with the value (`s = finish()` renders
+        # nothing otherwise); the same cell's value then adds nothing (hooks/notebook.py).
+        import io
+        text = io.StringIO()
+        print_report(summary, session, file=text, previous_run_id=previous)
+        try:
+            summary.show(text.getvalue().rstrip("\n"))
+        except Exception as exc:  # a display that fails must not fail finish()
+            log.warning("starvewatch: notebook display failed: %s: %s", type(exc).__name__, exc)
+    else:
+        print_report(summary, session, file=sys.stderr, previous_run_id=previous)
 
 
 @contextlib.contextmanager

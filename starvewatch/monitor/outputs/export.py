@@ -94,6 +94,33 @@ def to_markdown(summary: dict) -> str:
         lines.append(f"| {md_text(l['name'])} | {l['steps']} | {l['epochs']} | {_pct(l['input_wait_fraction'])} | {band_words(l['verdict'])} | "
                      f"{_num(w['p50'])} / {_num(w['p95'])} / {_num(w['p99'])} | {_num(l['compute_ms']['mean'])} | "
                      f"{_num(l['batches_per_s'], 1)} | {_num(l['samples_per_s'], 1)} | {l['dropped_records']} |")
+    lines += _recommendation_lines(summary, verdict, said)
+    lines += attribution_lines(summary)
+    lines += _stall_and_finding_lines(summary)
+    if summary.get("verification"):
+        lines += ["", "## Verify after change", "", compare_table(None, summary, summary["verification"])]
+    lines += straggler_lines(summary.get("stragglers"))
+    lines += tuning_lines(summary.get("tuning"))
+    if summary.get("rolled_up") or summary.get("samples_rolled_up"):
+        lines += ["", "## Rolled-up spans", "",
+                  "Past the storage budget, the oldest step records were folded into rollups: totals, "
+                  "percentiles and the verdict are unchanged; before these times each rank's steps are "
+                  "kept as buckets, not rows.", ""]
+        lines += [f"- rank {r['rank']}: {r['steps']} steps before {r['until']}" for r in summary.get("rolled_up") or ()]
+    if summary.get("samples_rolled_up"):
+        lines += ["", "Host, GPU and worker samples folded into per-bucket minima, means and maxima (the "
+                  "system figures and findings are unchanged):", ""]
+        lines += [f"- rank {r['rank']}: {r['events']} samples before {r['until']}"
+                  for r in summary["samples_rolled_up"]]
+    lines += ["", "## Loader configuration", ""]
+    lines += config_table_lines(summary)
+    return "\n".join(lines) + "\n"
+
+
+def _recommendation_lines(summary: dict, verdict: dict, said: dict) -> list[str]:
+    """The report's recommendations with their evidence and each loader's line to copy, or why
+    none is made."""
+    lines: list[str] = []
     lines += ["", "## Recommendations", ""]
     if not summary["recommendations"]:
         # "Not starved" only where the band says so; a waiting run says why nothing is advised.
@@ -118,7 +145,12 @@ def to_markdown(summary: dict) -> str:
             lines += ["", *md_block(f"{l['name']}_loader = {code}" if is_call(code) else
                                     f"# {l['name']}: set in your own {(l.get('config') or {}).get('wrapper') or 'DataLoader'}(...) call\n{code}",
                                     "python")]
-    lines += attribution_lines(summary)
+    return lines
+
+
+def _stall_and_finding_lines(summary: dict) -> list[str]:
+    """The stalls (with where the stalled batch is) and the findings no step timing shows."""
+    lines: list[str] = []
     if summary.get("stalls"):
         lines += ["", "## Stalls", ""]
         for s in summary["stalls"]:
@@ -135,24 +167,7 @@ def to_markdown(summary: dict) -> str:
             lines.append(f"- **{md_text(f['loader'])}** {finding_line(f)}")
             lines.append(f"  - Evidence: {quantities_text(f.get('detail'))}")
             lines.append(f"  - Fix: {f.get('fix')}")
-    if summary.get("verification"):
-        lines += ["", "## Verify after change", "", compare_table(None, summary, summary["verification"])]
-    lines += straggler_lines(summary.get("stragglers"))
-    lines += tuning_lines(summary.get("tuning"))
-    if summary.get("rolled_up") or summary.get("samples_rolled_up"):
-        lines += ["", "## Rolled-up spans", "",
-                  "Past the storage budget, the oldest step records were folded into rollups: totals, "
-                  "percentiles and the verdict are unchanged; before these times each rank's steps are "
-                  "kept as buckets, not rows.", ""]
-        lines += [f"- rank {r['rank']}: {r['steps']} steps before {r['until']}" for r in summary.get("rolled_up") or ()]
-    if summary.get("samples_rolled_up"):
-        lines += ["", "Host, GPU and worker samples folded into per-bucket minima, means and maxima (the "
-                  "system figures and findings are unchanged):", ""]
-        lines += [f"- rank {r['rank']}: {r['events']} samples before {r['until']}"
-                  for r in summary["samples_rolled_up"]]
-    lines += ["", "## Loader configuration", ""]
-    lines += config_table_lines(summary)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def quantities_text(named: dict | None) -> str:

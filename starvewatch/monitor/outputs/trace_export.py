@@ -81,23 +81,7 @@ def build_trace(store, run_id: str, *, steps: str | None = None, window: str | N
         return processes[r]
 
     # Steps: wait and compute slices on the training thread, epoch starts as instants.
-    where, args = "rowid BETWEEN ? AND ? AND run_id = ?", [*(span or (0, -1)), run_id]
-    if rank is not None:
-        where += " AND rank = ?"
-        args.append(rank)
-    if step_range is not None:
-        if step_range[0] is not None:
-            where += " AND step >= ?"
-            args.append(step_range[0])
-        if step_range[1] is not None:
-            where += " AND step <= ?"
-            args.append(step_range[1])
-    if lo_ns is not None:
-        where += " AND start_ns >= ?"
-        args.append(lo_ns)
-    if hi_ns is not None:
-        where += " AND start_ns <= ?"
-        args.append(hi_ns)
+    where, args = _step_filter(span, run_id, rank, step_range, lo_ns, hi_ns)
     cursor = reader.execute(f"SELECT rank, loader, epoch, step, start_ns, wait_ns, compute_ns FROM steps "
                             f"WHERE {where} ORDER BY start_ns", args)
     loaders: list[str] = []
@@ -139,6 +123,29 @@ def build_trace(store, run_id: str, *, steps: str | None = None, window: str | N
             "starvewatch": {"run_id": run_id, "events": len(events), "truncated": budget.cut is not None,
                             "cut_at": budget.cut, "max_events": max_events,
                             "ranks": {str(r): {"pid": p, "tid": t} for r, (p, t) in processes.items()}}}
+
+
+def _step_filter(span, run_id: str, rank, step_range, lo_ns, hi_ns) -> tuple[str, list]:
+    """The WHERE clause (and its arguments) of the steps a trace shows: the run's rowid block,
+    then the rank, the step numbers and the time window asked for."""
+    where, args = "rowid BETWEEN ? AND ? AND run_id = ?", [*(span or (0, -1)), run_id]
+    if rank is not None:
+        where += " AND rank = ?"
+        args.append(rank)
+    if step_range is not None:
+        if step_range[0] is not None:
+            where += " AND step >= ?"
+            args.append(step_range[0])
+        if step_range[1] is not None:
+            where += " AND step <= ?"
+            args.append(step_range[1])
+    if lo_ns is not None:
+        where += " AND start_ns >= ?"
+        args.append(lo_ns)
+    if hi_ns is not None:
+        where += " AND start_ns <= ?"
+        args.append(hi_ns)
+    return where, args
 
 
 def _events(store, run_id: str, kind: str, rank, lo: int, hi: int, margin_ns: int = 0):

@@ -380,29 +380,35 @@ class Guard:
             # our refusal of the body answers; a client gone mid-body is one line; any other
             # error is answered 500 here, with the security headers.
             if state["refused"] is None:
-                where = f"{scope.get('method')} {scope.get('path', '')[:200]!r}"
-                if _client_disconnected(exc):
-                    log.info("client %s disconnected before sending the whole body of %s",
-                             _client_text(scope), where)
-                    return
-                if _caused_by(exc, ClientStalled):
-                    # The route's generators (the export's read transaction) closed now, not
-                    # whenever the garbage collector gets to them.
-                    for close in scope.get(ON_ABORT, ()):
-                        await asyncio.get_running_loop().run_in_executor(None, close)
-                    stalled.error("stalled", "client %s read nothing for %g s of a streamed answer to %s; "
-                                  "connection closed", _client_text(scope), timeout_s, where)
-                    return  # unfinished: uvicorn closes the connection (one rate-limited line)
-                kind = type(exc).__name__
-                log.error("internal error on %s: %s: %s", where, kind, str(exc)[:300],
-                          exc_info=exc if kind not in _traced else None)  # one traceback per kind
-                _traced.add(kind)
-                if state["started"]:
-                    raise
-                return await self._respond(send, 500, "internal error; the collector's log says which")
+                return await self._app_failed(exc, scope, send, state["started"], timeout_s)
         refused = state["refused"]
         if refused is not None and not state["started"]:
             await self._respond(send, refused.status, refused.detail)
+
+    async def _app_failed(self, exc: Exception, scope, send, started: bool, timeout_s: float) -> None:
+        """An error raised through the app that is not our refusal of the body: a client gone
+        mid-body is one line, a client that stopped reading a streamed answer closes its
+        generators, anything else is logged (one traceback per kind) and answered 500."""
+        where = f"{scope.get('method')} {scope.get('path', '')[:200]!r}"
+        if _client_disconnected(exc):
+            log.info("client %s disconnected before sending the whole body of %s",
+                     _client_text(scope), where)
+            return
+        if _caused_by(exc, ClientStalled):
+            # The route's generators (the export's read transaction) closed now, not
+            # whenever the garbage collector gets to them.
+            for close in scope.get(ON_ABORT, ()):
+                await asyncio.get_running_loop().run_in_executor(None, close)
+            stalled.error("stalled", "client %s read nothing for %g s of a streamed answer to %s; "
+                          "connection closed", _client_text(scope), timeout_s, where)
+            return  # unfinished: uvicorn closes the connection (one rate-limited line)
+        kind = type(exc).__name__
+        log.error("internal error on %s: %s: %s", where, kind, str(exc)[:300],
+                  exc_info=exc if kind not in _traced else None)  # one traceback per kind
+        _traced.add(kind)
+        if started:
+            raise exc
+        return await self._respond(send, 500, "internal error; the collector's log says which")
 
     # ---- answers -----------------------------------------------------------------------------
     async def _respond(self, send, status: int, detail: str, extra=()) -> None:
