@@ -417,7 +417,7 @@ def test_finish_shows_its_summary_whatever_the_cell_does_with_it(kernel, served)
     shown = [o for o in done.outputs if o.output_type in ("execute_result", "display_data")]
     assert len(shown) == 1, done.outputs
     report, text = shown[0]["data"]["text/html"], shown[0]["data"]["text/plain"]
-    assert "assigned" in report and "input wait" in report
+    assert "assigned" in report and "waited for data" in report
     assert re.search(r"expected [\d.]+x(–[\d.]+x)? faster", report), report
     assert re.search(r"<pre class='starvewatch-snippet'>DataLoader\(dataset, [^<]*num_workers=\d", report), report
     assert text.startswith("starvewatch: run assigned")

@@ -34,7 +34,8 @@ def test_a_failing_spool_sweep_is_logged_once_and_the_sweeps_go_on(tmp_path, cap
             raise OSError(28, "No space left on device")
 
     stop = threading.Event()
-    state = {"importer": FailingImporter(), "stop": stop}
+    store = Store(tmp_path / "db.sqlite")  # sweeps run under the store's once() (one sweeper per spool)
+    state = {"importer": FailingImporter(), "stop": stop, "store": store}
     settings = CollectorSettings(dir=tmp_path, spool_scan_s=0.01)
     with caplog.at_level(logging.WARNING, logger="starvewatch.collector"):
         worker = threading.Thread(target=_background, args=(state, settings))
@@ -42,6 +43,7 @@ def test_a_failing_spool_sweep_is_logged_once_and_the_sweeps_go_on(tmp_path, cap
         wait_until(lambda: len(calls) >= 5, what="five failing sweeps")
         stop.set()
         worker.join(10)
+    store.close()
     lines = [r.getMessage() for r in caplog.records if "spool sweep" in r.getMessage()]
     assert len(lines) == 1 and "No space left on device" in lines[0], lines
 
