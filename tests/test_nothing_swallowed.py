@@ -38,12 +38,15 @@ def test_a_failing_spool_sweep_is_logged_once_and_the_sweeps_go_on(tmp_path, cap
     state = {"importer": FailingImporter(), "stop": stop, "store": store}
     settings = CollectorSettings(dir=tmp_path, spool_scan_s=0.01)
     with caplog.at_level(logging.WARNING, logger="starvewatch.collector"):
-        worker = threading.Thread(target=_background, args=(state, settings))
+        worker = threading.Thread(target=_background, args=(state, settings), daemon=True)
         worker.start()
-        wait_until(lambda: len(calls) >= 5, what="five failing sweeps")
-        stop.set()
-        worker.join(10)
+        try:  # stopped even when the wait fails: a sweeping thread left behind would hang pytest's exit
+            wait_until(lambda: len(calls) >= 5, what="five failing sweeps")
+        finally:
+            stop.set()
+            worker.join(10)
     store.close()
+    assert not worker.is_alive()
     lines = [r.getMessage() for r in caplog.records if "spool sweep" in r.getMessage()]
     assert len(lines) == 1 and "No space left on device" in lines[0], lines
 
