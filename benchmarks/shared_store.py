@@ -41,11 +41,17 @@ from pathlib import Path
 import starvewatch
 print(starvewatch.__file__, file=sys.stderr)  # which tree ran
 target, batches, batch, ranks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-from starvewatch.monitor.web.wire_models import EventBatch
+try:
+    from starvewatch.monitor.web.wire_models import EventBatch
+except ImportError:  # a revision from before the house move (issue 33)
+    from starvewatch.monitor.models import EventBatch
 try:
     from starvewatch.monitor.storage.open_store import open_store
 except ImportError:  # a revision from before the PostgreSQL store: SQLite only
-    from starvewatch.monitor.storage.store import Store as open_store
+    try:
+        from starvewatch.monitor.storage.store import Store as open_store
+    except ImportError:
+        from starvewatch.monitor.store import Store as open_store
 if target == "sqlite":
     tmp = tempfile.mkdtemp()
     target = str(Path(tmp) / "bench.db")
@@ -70,7 +76,10 @@ for b in work:
     assert store.ingest(b)
 seconds = time.perf_counter() - start
 # Query times on what was stored: the run-wide series and the summary (uncached: new Query each).
-from starvewatch.monitor.storage.query import Query
+try:
+    from starvewatch.monitor.storage.query import Query
+except ImportError:
+    from starvewatch.monitor.query import Query
 q0 = time.perf_counter(); Query(store).rollup_series("bench"); series_s = time.perf_counter() - q0
 q0 = time.perf_counter(); Query(store).summary("bench"); summary_s = time.perf_counter() - q0
 store.close()
