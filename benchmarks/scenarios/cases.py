@@ -33,6 +33,16 @@ def spin(cpu_seconds: float) -> None:
         pass
 
 
+def hog(stop, duty: float) -> None:
+    """A CPU hog's process: keeps `duty` of one core busy (spinning `duty` of every 100 ms) until
+    `stop` is set; the harness's --hog and the CPU-hog pair run it."""
+    while not stop.is_set():
+        end = time.perf_counter() + 0.1 * duty
+        while time.perf_counter() < end:
+            pass
+        time.sleep(0.1 * (1 - duty))
+
+
 class Items(Dataset):
     """`n` items; each costs `sleep_s` of waiting and `spin_s` of CPU; every `slow_every`-th
     item (when set) costs `slow_s` more; `size` floats per item. With `batch` set, every item

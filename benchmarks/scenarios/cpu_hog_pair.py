@@ -32,15 +32,6 @@ from pathlib import Path
 RUN_NAME = "pillow-under-cpu-hog"
 
 
-def _hog(stop, duty: float) -> None:
-    """A process that keeps `duty` of one core busy (spinning `duty` of every 100 ms)."""
-    while not stop.is_set():
-        end = time.perf_counter() + 0.1 * duty
-        while time.perf_counter() < end:
-            pass
-        time.sleep(0.1 * (1 - duty))
-
-
 def _train(workers: int, epochs: int, step_cpu_s: float) -> None:
     """One run: the Pillow pipeline with `workers`, a CPU-bound step of `step_cpu_s`."""
     import torch
@@ -61,6 +52,7 @@ def _train(workers: int, epochs: int, step_cpu_s: float) -> None:
 
 
 def main() -> None:
+    from benchmarks.scenarios.cases import hog
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="the collector database, gzipped")
     parser.add_argument("--epochs", type=int, default=2)
@@ -69,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="starvewatch-hog-"))
     stop = multiprocessing.Event()
-    hogs = [multiprocessing.Process(target=_hog, args=(stop, args.hog_duty), daemon=True) for _ in range(2)]
+    hogs = [multiprocessing.Process(target=hog, args=(stop, args.hog_duty), daemon=True) for _ in range(2)]
     for h in hogs:
         h.start()
     env = {**os.environ, "STARVEWATCH_DIR": str(directory), "STARVEWATCH_URL": "off",

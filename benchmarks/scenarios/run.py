@@ -329,25 +329,18 @@ def _load_average() -> list[float] | None:
 HOG_CORES = 0.0  # --hog: every scenario beside a CPU hog of this many cores
 
 
-def _hog(stop, duty: float) -> None:
-    """A process that keeps `duty` of one core busy (spinning `duty` of every 100 ms)."""
-    while not stop.is_set():
-        end = time.perf_counter() + 0.1 * duty
-        while time.perf_counter() < end:
-            pass
-        time.sleep(0.1 * (1 - duty))
-
-
 def start_hog(cores: float):
     """Processes that keep `cores` cores busy (whole ones, then a part) until the returned stop."""
     import math
     import multiprocessing
+
+    from benchmarks.scenarios.cases import hog
     if cores <= 0:
         return lambda: None
     ctx = multiprocessing.get_context("fork")
     stop = ctx.Event()
     count = math.ceil(cores)
-    procs = [ctx.Process(target=_hog, args=(stop, min(1.0, cores - i)), daemon=True) for i in range(count)]
+    procs = [ctx.Process(target=hog, args=(stop, min(1.0, cores - i)), daemon=True) for i in range(count)]
     for proc in procs:
         proc.start()
 
