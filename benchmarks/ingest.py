@@ -29,10 +29,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import results_io  # noqa: E402
 
+# One producer process: sends batches of `batch` step records over HTTP for `seconds`.
+# argv: url seconds batch [stream] [run_id]; prints records, requests and seconds as JSON.
+# (benchmarks/shared_store.py and dashboard.py run it too.)
 PRODUCER = r"""
 import sys, time, json
 from starvewatch.hooks.delivery.transport import HttpTransport
 url, seconds, batch = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+stream = sys.argv[4] if len(sys.argv) > 4 else "producer"
+run_id = sys.argv[5] if len(sys.argv) > 5 else "ingest-bench"
 t = HttpTransport(url, timeout_s=60)
 now = time.time_ns()
 cols = {"loader": ["train"] * batch, "epoch": [0] * batch, "step": list(range(batch)),
@@ -42,11 +47,11 @@ cols = {"loader": ["train"] * batch, "epoch": [0] * batch, "step": list(range(ba
 seq, sent, start = 0, 0, time.perf_counter()
 while time.perf_counter() - start < seconds:
     seq += 1
-    t.send({"schema": "starvewatch.events/1", "run_id": "ingest-bench", "stream": "producer", "seq": seq,
+    t.send({"schema": "starvewatch.events/1", "run_id": run_id, "stream": stream, "seq": seq,
             "status": "live", "steps": cols,
             "loaders": [{"name": "train", "totals": {"steps": seq * batch}}]})
     sent += batch
-print(json.dumps({"records": sent, "seconds": time.perf_counter() - start}))
+print(json.dumps({"records": sent, "requests": seq, "seconds": time.perf_counter() - start}))
 """
 
 LOOP = r"""

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks import results_io  # noqa: E402
-from benchmarks.ingest import free_port, running_collector  # noqa: E402
+from benchmarks.ingest import PRODUCER, free_port, running_collector  # noqa: E402
 
 STORE_INGEST = r"""
 import json, sys, tempfile, time
@@ -86,26 +86,6 @@ store.close()
 print(json.dumps({"records": batches * batch, "seconds": seconds, "series_s": series_s, "summary_s": summary_s}))
 """
 
-PRODUCER = r"""
-import json, sys, time
-from starvewatch.hooks.delivery.transport import HttpTransport
-url, seconds, batch, name = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-t = HttpTransport(url, timeout_s=60)
-now = time.time_ns()
-cols = {"loader": ["train"] * batch, "epoch": [0] * batch, "step": list(range(batch)),
-        "start_ns": [now + i * 1000 for i in range(batch)], "wait_ns": [1_000_000 + i % 977 for i in range(batch)],
-        "compute_ns": [5_000_000 + i % 1013 for i in range(batch)], "other_ns": [0] * batch,
-        "batch_size": [64] * batch, "gpu_idle_ns": [None] * batch}
-seq, sent, start = 0, 0, time.perf_counter()
-while time.perf_counter() - start < seconds:
-    seq += 1
-    t.send({"schema": "starvewatch.events/1", "run_id": "http-bench", "stream": name, "seq": seq,
-            "status": "live", "steps": cols, "loaders": [{"name": "train", "totals": {"steps": seq * batch}}]})
-    sent += batch
-print(json.dumps({"records": sent, "requests": seq, "seconds": time.perf_counter() - start}))
-"""
-
-
 def env_for(tree: Path) -> dict:
     return dict(os.environ, PYTHONPATH=str(tree), STARVEWATCH_AUTOSTART="0", STARVEWATCH_QUIET="1")
 
@@ -120,7 +100,7 @@ def store_ingest(tree: Path, target: str, batches: int, batch: int) -> dict:
 
 
 def http_ingest(urls: list[str], env: dict, seconds: float, batch: int, producers: int) -> dict:
-    procs = [subprocess.Popen([sys.executable, "-c", PRODUCER, url, str(seconds), str(batch), f"p{i}-{j}"],
+    procs = [subprocess.Popen([sys.executable, "-c", PRODUCER, url, str(seconds), str(batch), f"p{i}-{j}", "http-bench"],
                               env=env, stdout=subprocess.PIPE, text=True)
              for i, url in enumerate(urls) for j in range(producers)]
     results = [json.loads(p.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1]) for p in procs]
