@@ -112,3 +112,12 @@ def test_where_the_free_cores_bound_the_step_it_holds_all_the_cpu(workers):
     free = max(f.cores - f.others_cores, f.thread_share)
     assert step * free >= f.load * f.thread_share + 0.5 - 1e-6
     assert share * min(workers, f.load * f.thread_share / (share * step)) <= free + 1e-6
+
+
+def test_held_to_fewer_cpus_only_the_others_use_of_those_counts():
+    """Affinity to 1 of the host's 2 CPUs, the host 100% busy: the others used what this process
+    left of its one CPU, not 2 cores less this process's (1.6 'of its 1 core' before)."""
+    data, info = measured_loop("pillow_beside_cpu_hog")
+    f = LoaderFacts(loader_summary(data), data, {**info, "usable_cores": 1, "cpu_pct_mean": 100.0}, None, DEFAULT)
+    assert f.cores == 1
+    assert f.others_cores == pytest.approx(1 - f.process_cpu_cores, abs=1e-6)

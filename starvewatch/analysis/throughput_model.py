@@ -373,9 +373,13 @@ def measure_cpu_sharing(f: LoaderFacts, totals) -> None:
         ours = f.process_cpu_cores
         if f.workers and f.worker_cpu_fraction is not None:
             ours += f.load * f.worker_cpu_fraction / max(f.step, 1e-9)
+        # Held to fewer CPUs than the host has (affinity), only the others' use of those counts:
+        # the host's mean busy share, taken as even across its CPUs (a pinned run beside a hog:
+        # "other processes used 1.6 of its 1 core").
+        span = min(count, f.cores)
         for key, attr in (("cpu_pct_mean", "others_cores"), ("cpu_pct_max", "others_cores_max")):
             if f.system.get(key) is not None:
-                setattr(f, attr, max(0.0, f.system[key] / 100 * count - ours))
+                setattr(f, attr, max(0.0, f.system[key] / 100 * span - ours))
         f.others_cores_max = max(f.others_cores, f.others_cores_max)
     f.others_threads = others_threads(f)
 
