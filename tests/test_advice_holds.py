@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import starvewatch
 from starvewatch.analysis.summary import loader_summary
-from starvewatch.analysis.throughput_model import DEFAULT, LoaderFacts, speedup
+from starvewatch.analysis.throughput_model import DEFAULT, LoaderFacts, speedup, speedup_range
 from tests.test_diagnosis import GIB, MS, loader, run, system
 
 
@@ -212,8 +212,11 @@ def test_one_short_epoch_on_few_cores_charges_each_worker_its_start_up():
 def test_on_a_busy_host_the_shares_measured_say_how_many_threads_compete():
     """Issue 35 item 4: the Pillow pipeline (num_workers=0, a sleeping step) beside a CPU hog
     got 40% of a core for its loading: the scheduler's equal shares say about 2 / 0.4 threads
-    were runnable, so 2 workers get their shares too (measured 2.33x where 1.15x was
-    predicted as if the others kept 1.6 cores). Where the loading got a whole core, no
+    were runnable. Whether added workers get shares like theirs depends on whether those
+    threads are in the training process's own scheduling group (a hog it started: 2.33x
+    measured) or another job's (kept cores: tests/test_busy_host_model.py): the promise takes
+    the other job's case, with this process keeping at least the share its loading thread
+    got, and the range's high end the shares. Where the loading got a whole core, no
     contention was seen and the others keep the cores they used."""
     data = loader(wait_ms=40, compute_ms=20, workers=0, wait_cpu_fraction=0.4, epochs=2, steps=200)
     totals = data.totals
@@ -224,13 +227,17 @@ def test_on_a_busy_host_the_shares_measured_say_how_many_threads_compete():
     f = facts(data, info)
     assert f.others_cores == pytest.approx(2 - 0.4 * 40 / 60, abs=0.01)
     assert f.others_threads == pytest.approx(2 / 0.4 - 40 / 60, rel=0.05)
-    two = speedup(f, {**f.config, "num_workers": 2})
-    assert two > 1.5
-    # the same, had the loading got 95% of a core: the others keep their cores, little to gain
+    config = {**f.config, "num_workers": 2, "persistent_workers": True}
+    two = speedup(f, config)
+    # the loading (16 ms of CPU at 0.4 of a core) overlaps the 20 ms step: 60 / ~40 ms
+    assert 1.3 < two < 1.6
+    low, high = speedup_range(f, config)
+    assert high > 2.0 > two  # the others' threads in this process's group: each worker a share
+    # the same, had the loading got 95% of a core: the others keep their cores, no shares seen
     data.totals.wait_probe_cpu_ns = data.totals.wait_probe_process_cpu_ns = int(100 * MS * 0.95)
     data.totals.loop_process_cpu_ns = int(data.totals.loop_wall_ns * 0.95 * 40 / 60)
     g = facts(data, system(cpu_count=2, cpu_pct_mean=100.0, cpu_pct_max=100.0, process_cpu_pct_mean=63.0))
-    assert g.others_threads is None and speedup(g, {**g.config, "num_workers": 2}) < two - 0.3
+    assert g.others_threads is None
 
 
 # ---- item 5: stable advice -----------------------------------------------------------------------

@@ -9,11 +9,18 @@ on a host whose other processes use about 1.6 of its cores (two spinning process
    take the cores the step needed): the second run must be reported slower than the first,
    with the likely cause.
 
+Each training run is a process of its own session (another job than the hog, as on a shared
+host: its own autogroup). On a host other jobs load too, the cores the workers would get swing
+with that load (three pairs without it at load 7 on the shared 2-core host measured 1.01x, 2.25x
+(a 120 ms step) and 1.54x for the second run); `--cpus 1` holds the training process and its workers to one CPU, so the
+workers compete with the step for that core whatever the rest of the host does (measured 0.64x,
+compute per batch 71 -> 141 ms, at load 6.5).
+
 Both runs spool offline (STARVEWATCH_URL=off); their records are imported into one collector
 database, written to `--out` (gzipped): tests/test_said_on_stored_runs.py reads the stored
-records of these real runs, without timing anything itself. Usage:
+records of these real runs, without timing anything itself. The fixture was taken with:
 
-    python -m benchmarks.scenarios.cpu_hog_pair --out tests/data/cpu-hog-pair.db.gz
+    python -m benchmarks.scenarios.cpu_hog_pair --cpus 1 --out tests/data/cpu-hog-pair.db.gz
 """
 from __future__ import annotations
 
@@ -26,14 +33,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 RUN_NAME = "pillow-under-cpu-hog"
 
 
-def _train(workers: int, epochs: int, step_cpu_s: float) -> None:
-    """One run: the Pillow pipeline with `workers`, a CPU-bound step of `step_cpu_s`."""
+def _train(workers: int, epochs: int, step_cpu_s: float, cpus: int = 0) -> None:
+    """One run: the Pillow pipeline with `workers`, a CPU-bound step of `step_cpu_s`; with
+    `cpus`, the training process (and the workers it forks) held to that many CPUs."""
+    if cpus:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cpus])
     import torch
     from torch.utils.data import DataLoader
 
@@ -58,6 +67,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--step-cpu-s", type=float, default=0.03)
     parser.add_argument("--hog-duty", type=float, default=0.8, help="each of 2 hog processes' share of a core")
+    parser.add_argument("--cpus", type=int, default=0,
+                        help="hold the training process to this many CPUs (0: all): the cores the workers "
+                             "and the training step share, whatever the host's other load does")
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix="starvewatch-hog-"))
     stop = multiprocessing.Event()
@@ -69,8 +81,9 @@ def main() -> None:
     try:
         for workers in (0, 2):
             code = (f"from benchmarks.scenarios.cpu_hog_pair import _train; "
-                    f"_train({workers}, {args.epochs}, {args.step_cpu_s})")
-            done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+                    f"_train({workers}, {args.epochs}, {args.step_cpu_s}, {args.cpus})")
+            done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900,
+                                  start_new_session=True)  # its own session: another job than the hog
             if done.returncode:
                 raise SystemExit(done.stderr[-3000:])
             print(f"num_workers={workers}: {done.stdout.strip().splitlines()[-1]}", flush=True)

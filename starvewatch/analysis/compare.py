@@ -12,6 +12,7 @@ import copy
 from datetime import datetime
 
 from ..schema import COMPARE_SCHEMA
+from .host_moves import advice_moved
 from .loader_settings import setting_changed
 from .regression import regression
 from .verification import verify
@@ -142,6 +143,8 @@ def comparison(before: dict, after: dict) -> dict:
         "metrics": metric_rows(before, after, pairs),
         "config": config_rows(before, after, pairs),
         "verification": verify(aligned_before(before, pairs), after),
+        # Where the two runs' advice differs: which host figure moved (issue 35 item 5).
+        "advice_moved": advice_moved(before, after),
     }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from .host_moves import host_figures
 from .throughput_model import DEFAULT, LoaderFacts, Thresholds, speedup, speedup_range
 from .rules import RULES
 from .sentences import build as build_answer
@@ -236,6 +237,9 @@ def diagnose(summary: dict, loaders, *, system=None, previous=None, run=None,
     summary["recommendations"] = recs
     summary["plans"] = _plans(recs, {f.name: f for f in facts})
     _predict_resharding(summary, {f.name: f for f in facts})
+    # The host figures the training loader's prediction rests on: compare and verify say which
+    # moved where two runs' advice differs (analysis/host_moves.py).
+    summary["host"] = host_figures(train or (facts[0] if facts else None), system)
     summary["verification"] = verify(previous, summary) if previous else None
     summary["regression"] = regression(previous, summary) if previous else None
     build_answer(summary, {f.name: f for f in facts})

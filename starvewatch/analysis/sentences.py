@@ -126,7 +126,9 @@ def silence_reason(summary: dict, facts: dict) -> str | None:
         if f.host_cpu_saturated or (f.others_cores and f.others_cores >= 0.5 * cores):
             text = f"the host's CPU was {busy:.0f}% busy" if busy is not None else "the host's CPU was busy"
             if f.others_cores:
-                text += f", other processes used {f.others_cores:.1f} of its {plural(cores, 'core')}"
+                held = (system.get("cpu_count") or cores) > cores  # affinity: fewer CPUs than the host's
+                text += f", other processes used {f.others_cores:.1f} of " + (
+                    f"the {plural(cores, 'core')} this process may use" if held else f"its {plural(cores, 'core')}")
             if proc is not None:
                 text += f", this process {proc:.0f}%"
             why.append(text + ": more workers would compete for the same cores with the training step")

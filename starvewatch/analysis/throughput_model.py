@@ -373,9 +373,13 @@ def measure_cpu_sharing(f: LoaderFacts, totals) -> None:
         ours = f.process_cpu_cores
         if f.workers and f.worker_cpu_fraction is not None:
             ours += f.load * f.worker_cpu_fraction / max(f.step, 1e-9)
+        # Held to fewer CPUs than the host has (affinity), only the others' use of those counts:
+        # the host's mean busy share, taken as even across its CPUs (a pinned run beside a hog:
+        # "other processes used 1.6 of its 1 core").
+        span = min(count, f.cores)
         for key, attr in (("cpu_pct_mean", "others_cores"), ("cpu_pct_max", "others_cores_max")):
             if f.system.get(key) is not None:
-                setattr(f, attr, max(0.0, f.system[key] / 100 * count - ours))
+                setattr(f, attr, max(0.0, f.system[key] / 100 * span - ours))
         f.others_cores_max = max(f.others_cores, f.others_cores_max)
     f.others_threads = others_threads(f)
 
@@ -399,34 +403,57 @@ def others_threads(f: LoaderFacts) -> float:
 
 
 def shared_cores_step(f: LoaderFacts, workers: int, load: float, compute: float, handover: float,
-                      others_cores: float) -> tuple[float, float]:
+                      others_cores: float, others_as_threads: bool = False) -> tuple[float, float]:
     """(loading-or-compute time per batch, the share of a core each runnable thread gets) for
-    CPU-bound loading in `workers` workers that share the cores with each other, the training
-    process and the host's other processes: each busy worker, the training process (its CPU
-    per step over the step) and each of the others' runnable threads (`others_threads`, as
-    measured) get an equal share, min(1, cores / runnable). Solved as a fixed point (a step's
-    length sets how busy each is, which sets the share)."""
+    CPU-bound loading in `workers` workers that share the cores with each other and the
+    training process (its CPU per step over the step): each busy one gets an equal share,
+    min(1, free / runnable). The host's other processes keep the cores they were measured
+    using (`others_cores`): Linux splits a busy CPU between scheduling groups first (an
+    autogroup per session, a cgroup per service or container), and the workers are forked
+    into the training process's group, so more of them do not take cores from another job.
+    `others_as_threads`: the other case, the others' runnable threads (`others_threads`,
+    from the share measured) in the training process's own group, each added worker getting
+    a share like theirs (a CPU hog started from the training script): the range's high end
+    (issue 35 item 4). Solved as a fixed point (a step's length sets how busy each is, which
+    sets the share)."""
     share_now = f.thread_share or 1.0
-    # the others' runnable threads where contention was measured, as many more or fewer as
-    # their busy cores say (a range's ends); else the cores they leave
-    contended = f.others_threads is not None
+    # the others' runnable threads where contention was measured and they are taken to share
+    # the group, as many more or fewer as their busy cores say; else the cores they leave
+    contended = others_as_threads and f.others_threads is not None
     others = f.others_threads * others_cores / f.others_cores if contended and f.others_cores > 0 else 0.0
-    free = f.cores if contended else max(1e-3, f.cores - others_cores)
+    # Kept by the others, the cores they were measured using leave this process at least what
+    # one of its threads got while it loaded, where contention was seen (`others_threads`: the
+    # loading got under 0.9 of a core): the others used the rest of the time too, while the
+    # training thread slept in its step, and a group's share does not shrink as it gets more
+    # threads to run. (Where the loading got a whole core, no contention was seen.)
+    floor = min(share_now, f.cores) if f.others_threads is not None else 0.0
+    free = f.cores if contended else max(1e-3, f.cores - others_cores, floor)
     load_cpu = load * share_now                     # CPU time of one batch's loading
     main_cpu = (f.main_cpu_ms or 0.0) + (0.0 if f.workers else handover)
     # The part of compute that was CPU work ran at the share measured; the rest (GPU, sleeps) waits.
     compute_cpu_wall = min(compute, (f.main_cpu_ms or 0.0) / share_now)
     compute_idle = compute - compute_cpu_wall
-    step, share = max(compute, load / workers), 1.0
-    for _ in range(100):
-        busy_workers = min(float(workers), load_cpu / max(1e-9, share * step))
-        main_busy = main_cpu / max(1e-9, share * step)
-        share = min(1.0, free / max(1e-9, others + busy_workers + main_busy))
-        new = max(compute_idle + compute_cpu_wall * share_now / share, load_cpu / (workers * share))
-        if abs(new - step) < 1e-6 * step:
-            break
-        step = 0.5 * (step + new)  # damped: the share and the step pull each other
-    return step, share
+
+    def step_at(share: float) -> float:
+        return max(compute_idle + compute_cpu_wall * share_now / share, load_cpu / (workers * share))
+
+    def given(share: float) -> float:
+        """The share the scheduler gives when each thread runs at `share`: the fewer it gets,
+        the longer each stays runnable."""
+        busy = share * step_at(share)
+        runnable = others + min(float(workers), load_cpu / busy) + main_cpu / busy
+        return min(1.0, free / max(1e-9, runnable))
+
+    # The largest share the scheduler can give (a thread takes what it gets): bisection, since
+    # a damped iteration can settle on neither side where the cores, not the threads, bound
+    # the step (2 workers in 0.4 of a free core).
+    if given(1.0) >= 1.0:
+        return step_at(1.0), 1.0
+    low, high = 1e-6, 1.0
+    for _ in range(60):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if given(mid) >= mid else (low, mid)
+    return step_at(low), low
 
 
 def startup_ms(f: LoaderFacts, workers: int, free_cores: float | None = None) -> float:
@@ -487,13 +514,21 @@ def _branch_step(f: LoaderFacts, config: dict, what_if: dict, cpu: bool) -> floa
         startup = max(0.0, startup_ms(f, workers) - f.load * (1 - what_if.get("load_scale", 1.0)))
     else:
         startup = startup_ms(f, workers) * unmeasured + load
+    refill = load  # a persistent worker's first batch of an epoch
     if cpu and f.main_cpu_ms is not None:
         # The workers share the cores with each other, the training process and the
         # host's other processes (measured: measure_cpu_sharing).
-        step, share = shared_cores_step(f, serving, load, compute, handover, others)
+        step, share = shared_cores_step(f, serving, load, compute, handover, others,
+                                        what_if.get("others_as_threads", False))
         if not f.respawn:  # unmeasured: the start-up, then every worker's first batch at once,
             # both CPU work at the share of a core each thread gets
             startup = (startup_ms(f, workers, f.cores - others) * unmeasured + load * (f.thread_share or 1)) / share
+        # CPU work at the share each thread gets, not at the share measured: each epoch's first
+        # batch (all workers at once) and, where no run had workers, the hand-over (the
+        # training process receiving a batch, unmeasured: a whole core's figure).
+        refill = load * (f.thread_share or 1.0) / share
+        if not f.workers:
+            handover /= share
     elif cpu:
         step = max(step, load / f.cores)  # the workers share the host's cores
     prefetch = config.get("prefetch_factor") or 2
@@ -504,7 +539,7 @@ def _branch_step(f: LoaderFacts, config: dict, what_if: dict, cpu: bool) -> floa
     starts = _starts(f, config, what_if)
     # An epoch whose workers did not start again still begins with an empty queue: its first
     # batch waits one load (persistent workers prefetch only once iter() is called).
-    refills = load * (f.epochs - starts) / max(1, f.steps)
+    refills = refill * (f.epochs - starts) / max(1, f.steps)
     # `burst_scale`: the part of the bursts that stays (out of order, the head-of-line part goes).
     return step + handover + startup * starts / max(1, f.steps) + refills \
         + f.burst_excess * unabsorbed * what_if.get("burst_scale", 1.0) + own_start
@@ -578,6 +613,8 @@ def speedup_range(f: LoaderFacts, config: dict, what_if: dict | None = None,
         return None
     low = speedup(f, config, {**what_if, "others_cores": f.others_cores_max, "unmeasured_scale": 2.0})
     high = speedup(f, config, {**what_if, "others_cores": 0.0, "unmeasured_scale": 0.5})
+    if f.others_threads is not None:  # the others' threads in this process's group, as measured
+        high = max(high, speedup(f, config, {**what_if, "others_as_threads": True}))
     point = speedup(f, config, what_if)
     low, high = min(low, point), max(high, point)
     return (low, high) if high > low * (1 + t.range_min_spread) else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from .host_moves import moved
 from .loader_settings import setting_changed
 
 Z_95 = 1.96
@@ -107,7 +108,9 @@ def verify(previous: dict, current: dict) -> dict | None:
     for r in results:
         r["applied_together"] = [f"{o['parameter']}={o['suggested']!r}" for o in results
                                  if o is not r and o["applied"] and r["applied"] and o["loader"] == r["loader"]]
-    return {"previous_run": previous["run"]["id"], "changed": changed, "results": results}
+    # A prediction judged on another host than it was made on: the host figures that moved.
+    return {"previous_run": previous["run"]["id"], "changed": changed, "results": results,
+            "host_moved": moved(previous, current)}
 
 
 def joint_changes_note(verification: dict | None) -> list[str]:

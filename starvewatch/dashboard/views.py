@@ -267,6 +267,8 @@ def compare_view(comp: dict, charts: dict | None = None) -> html.Div:
         if comp.get("regression") else []
     if comp.get("headline"):
         parts.append(html.P(comp["headline"], className="sw-headline", id="compare-headline"))
+    if comp.get("advice_moved"):  # the runs' advice differs: which host figure moved (issue 35 item 5)
+        parts.append(html.P(comp["advice_moved"]["sentence"], className="note", id="compare-advice-moved"))
     parts += [html.P(f"loader {p['before']} compared with {p['after']} (each run's only loader)", className="note")
               for p in comp["pairs"] if p["by"] == "only loader"]
     for side in ("before", "after"):

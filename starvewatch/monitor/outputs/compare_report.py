@@ -6,6 +6,7 @@ import html
 import json
 
 from ...analysis.compare import change_text, interval_text, setting_text, value_text
+from ...analysis.host_moves import verification_note
 from ...analysis.verification import joint_changes_note
 from .markdown_text import readable_time
 
@@ -54,13 +55,15 @@ def to_markdown(comp: dict) -> str:
             lines.append(f"| {_cell(r['loader'])} | `{_cell(r['parameter'])}={_cell(repr(r['suggested']))}` | "
                          f"{'yes' if r['applied'] else 'no'} | {r['status'].replace('_', ' ')} | "
                          f"{interval_text(r)} |")
-        notes = joint_changes_note(verification)
+        notes = joint_changes_note(verification) + [n for n in [verification_note(verification)] if n]
         if notes:
             lines += [""] + notes
     elif verification:
         lines.append("The configuration changed, but the before run had no recommendation to verify.")
     else:
         lines.append("The loader configurations are the same: nothing to verify.")
+    if comp.get("advice_moved"):
+        lines += ["", "## Advice", "", comp["advice_moved"]["sentence"]]
     return "\n".join(lines) + "\n"
 
 
@@ -124,11 +127,14 @@ def html_tables(comp: dict) -> str:
                               "yes" if r["applied"] else "no",
                               f"<span class='badge {_e(r['status'])}'>{_e(r['status'].replace('_', ' '))}</span>",
                               _e(interval_text(r))] for r in verification["results"]], "verify-table"))
-        parts += [f"<p>{_e(n)}</p>" for n in joint_changes_note(verification)]
+        parts += [f"<p>{_e(n)}</p>" for n in joint_changes_note(verification)
+                  + [n for n in [verification_note(verification)] if n]]
     elif verification:
         parts.append("<p>The configuration changed, but the before run had no recommendation to verify.</p>")
     else:
         parts.append("<p>The loader configurations are the same: nothing to verify.</p>")
+    if comp.get("advice_moved"):
+        parts += ["<h2>Advice</h2>", f"<p class='advice-moved'>{_e(comp['advice_moved']['sentence'])}</p>"]
     return "\n".join(parts)
 
 
