@@ -417,8 +417,13 @@ class Query:
 
     @cached(per_run=False)
     def storage_notes(self) -> list[dict]:
-        """The latest runs the storage budget coarsened or deleted (the runs page's banner)."""
-        return recent_notes(self.store.reader())
+        """The latest runs the storage budget coarsened or deleted (the runs page's banner). A
+        caller restricted to some projects reads only its runs' notes (a deleted run's project
+        is gone with it: its note is not shown there)."""
+        notes = recent_notes(self.store.reader())
+        if visible_projects.get() is None:
+            return notes
+        return [n for n in notes if n["run_id"] is not None and self.store.run_row(n["run_id"]) is not None]
 
     @cached(per_run=True)
     def detail(self, run_id: str) -> dict:
