@@ -204,3 +204,41 @@ def test_project_tokens_on_postgresql(collector, postgres_url):
     assert call(c, "DELETE", "/api/v1/runs/pg-n", _bearer(reader))[0] == 403  # deleting needs admin
     _cli(None, "revoke", reader.split("_")[1], url=postgres_url)
     assert call(c, "GET", "/api/v1/runs", _bearer(reader))[0] == 401
+
+
+def _dash_call(c, cookie, wanted_output: str, values: dict):
+    """A callback request built from the dashboard's own /_dash-dependencies (the one whose
+    outputs include `wanted_output`), each input and state given its value from `values`."""
+    deps = json.loads(call(c, "GET", "/_dash-dependencies", {"Cookie": cookie})[2])
+    dep = next(d for d in deps if wanted_output in d["output"] and not d.get("clientside_function"))
+    multi = dep["output"].startswith("..")
+    parts = dep["output"].strip(".").split("...") if multi else [dep["output"]]
+    outputs = [dict(zip(("id", "property"), p.rsplit(".", 1))) for p in parts]
+    request = {"output": dep["output"], "outputs": outputs if multi else outputs[0],
+               "inputs": [{**i, "value": values.get(i["id"])} for i in dep["inputs"]],
+               "state": [{**s, "value": values.get(s["id"])} for s in dep["state"]],
+               "changedPropIds": [f"{dep['inputs'][0]['id']}.{dep['inputs'][0]['property']}"]}
+    status, _, body = call(c, "POST", "/_dash-update-component", {**JSON, "Cookie": cookie,
+                                                                   "Origin": f"http://127.0.0.1:{c.port}"},
+                           json.dumps(request).encode())
+    assert status in (200, 204), (status, body[:300])
+    return body.decode()
+
+
+def test_the_dashboards_callbacks_show_a_token_only_its_projects(collector):
+    c = collector(token=TOKEN)
+    d = c.directory
+    for run_id, project in (("seen-run", "vision"), ("hidden-run", "nlp")):
+        token = _make_token(d, "write", project)
+        assert call(c, "POST", "/api/v1/ingest", {**JSON, **_bearer(token)}, batch(run_id, name=run_id))[0] == 200
+    cookie = call(c, "GET", f"/?token={_make_token(d, 'read', 'vision')}")[1]["set-cookie"].split(";")[0]
+    runs_table = _dash_call(c, cookie, "runs-container.children", {"runs-version": "x", "runs-page": 0})
+    assert "seen-run" in runs_table and "hidden-run" not in runs_table
+    compare = _dash_call(c, cookie, "page.children", {"url": "/compare", "search": ""})
+    assert "seen-run" in compare and "hidden-run" not in compare
+    own = _dash_call(c, cookie, "run-title.children", {"tick": 1, "run-id": "seen-run"})
+    assert "seen-run" in own
+    other = _dash_call(c, cookie, "run-title.children", {"tick": 1, "run-id": "hidden-run"})
+    # Another project's run answers exactly as a run that does not exist (its id only echoed).
+    missing = _dash_call(c, cookie, "run-title.children", {"tick": 1, "run-id": "nowhere-run"})
+    assert "Unknown run" in other and other == missing.replace("nowhere-run", "hidden-run"), other[:500]
