@@ -173,6 +173,7 @@ def test_a_token_sees_only_its_projects_everywhere(collector):
     assert {t["id"] for t in listed} >= {token_id} and not any("swt_" in json.dumps(t) for t in listed)
     _cli(d, "revoke", token_id)
     assert call(c, "GET", "/api/v1/runs", _bearer(reader))[0] == 401
+    assert call(c, "GET", "/api/v1/runs", _bearer(reader[:-4] + "AAAA"))[0] == 401  # one never made
     assert call(c, "GET", "/api/v1/runs", {"Cookie": cookie})[0] == 401
     assert [t["revoked"] for t in json.loads(_cli(d, "list", "--json")) if t["id"] == token_id] == [True]
 

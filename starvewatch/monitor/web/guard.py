@@ -345,6 +345,12 @@ class Guard:
         """The project token's record when it is live and its role may take this route, a run
         its path names being of its projects; None once refused (answered)."""
         from anyio import to_thread
+        if self.failures.watched((scope.get("client") or ("?",))[0]):
+            key = _client_key(scope)
+            if self.failures.over_cap(key):  # as for the collector's token: not looked at
+                return await self._refuse(scope, receive, send, 429, "too many wrong tokens from this client; "
+                                          "wait before trying again", extra=(
+                                              (b"retry-after", str(self.failures.retry_after_s(key)).encode()),))
         store = getattr(scope["app"].state, "store", None)
         if store is None:
             return await self._refuse(scope, receive, send, 503, "the collector is starting")
