@@ -231,8 +231,9 @@ def _run_routes(app: FastAPI, state: dict) -> None:
     @app.get("/api/v1/runs")
     def list_runs(status: str | None = Q(None, pattern="^(live|stalled|finished|lost)$"),
                   q: str | None = Q(None, max_length=200)):
-        """The runs, newest first, each with its status, verdict, input wait and throughput.
-        `status` keeps one status; `q` keeps runs whose name or id contains it.
+        """The runs, newest first, each with its project (null: none), status, verdict, input wait
+        and throughput. `status` keeps one status; `q` keeps runs whose name or id contains it. A
+        project token sees its projects' runs only (docs/security.md).
 
         Example: `curl 'http://127.0.0.1:8412/api/v1/runs?status=live&q=resnet'`."""
         return FastJSONResponse({"runs": state["query"].list_runs(status=status, search=q)})
@@ -246,7 +247,8 @@ def _run_routes(app: FastAPI, state: dict) -> None:
 
     @app.delete("/api/v1/runs/{run_id}")
     def delete_run(run_id: str):
-        """Delete a run and all its data (`starvewatch runs delete RUN` asks first).
+        """Delete a run and all its data (`starvewatch runs delete RUN` asks first). Needs the
+        collector's token or an `admin` project token of the run's project.
 
         Example: `curl -X DELETE http://127.0.0.1:8412/api/v1/runs/train-20261122-021033-19e2a8`."""
         if not state["store"].delete_run(run_id):
