@@ -159,6 +159,10 @@ def test_a_token_sees_only_its_projects_everywhere(collector):
     assert [r["id"] for r in listed] == ["v-run"]
     assert call(c, "GET", "/api/v1/runs/n-run/summary", {"Cookie": cookie})[0] == 404
     assert call(c, "GET", "/api/v1/runs/n-run/export?format=csv", {"Cookie": cookie})[0] == 404
+    # Every login cookie reads only, an admin token's too: a script in the page deletes nothing.
+    admin_cookie = call(c, "GET", f"/?token={_make_token(d, 'admin', 'vision')}")[1]["set-cookie"].split(";")[0]
+    assert call(c, "DELETE", "/api/v1/runs/v-run", {"Cookie": admin_cookie, "Origin": f"http://127.0.0.1:{c.port}"})[0] == 403
+    assert call(c, "GET", "/api/v1/runs/v-run", {"Cookie": admin_cookie})[0] == 200
     # The dashboard's WebSocket: a read token's cookie opens it, a write token's bearer does not.
     url, origin = f"ws://127.0.0.1:{c.port}/_dash-ws-callback", f"http://127.0.0.1:{c.port}"
     with connect(url, additional_headers={"Cookie": cookie}, origin=origin, open_timeout=10) as ws:
