@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 import sys
@@ -478,6 +479,40 @@ def _source_options(p) -> None:
     p.add_argument("--dir", help="data directory for the offline fallback (default STARVEWATCH_DIR)")
 
 
+def cmd_token(args) -> int:
+    """Project tokens in the collector's store (the one `serve` opens with the same --dir, --db
+    or --database-url): create prints the token once; the store keeps its SHA-256 digest."""
+    from .monitor.storage import access_tokens
+    from .monitor.storage.open_store import open_store
+    from .monitor.web.collector_settings import CollectorSettings
+    settings = CollectorSettings(dir=_dir(args), db=args.db,
+                                 **({"database_url": args.database_url} if args.database_url else {}))
+    store = open_store(settings.store_target)
+    try:
+        if args.token_command == "create":
+            try:
+                record, token = access_tokens.create(store, args.role, args.project)
+            except ValueError as exc:
+                return fail(str(exc), EXIT_USAGE)
+            print(token)
+            print(f"token {record.id}: {record.role} on {', '.join(record.projects)}; shown once, not "
+                  f"stored (only its digest is); revoke with `starvewatch token revoke {record.id}`", file=sys.stderr)
+        elif args.token_command == "list":
+            tokens = access_tokens.listed(store)
+            if args.json:
+                print(json.dumps([t.listed() for t in tokens], indent=2))
+            for t in tokens if not args.json else ():
+                print(f"{t.id}  {t.role:<5}  {'revoked' if t.revoked_at else 'live   '}  "
+                      f"{printable(', '.join(t.projects))}")
+        else:
+            if not access_tokens.revoke(store, args.id):
+                return fail(f"no live token {args.id!r} (starvewatch token list)")
+            print(f"token {args.id} revoked: refused from now on, its logins included")
+    finally:
+        store.close()
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="starvewatch", description="Live GPU-starvation monitor for PyTorch training.",
@@ -494,6 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare(sub)
     _add_tune(sub)
     _add_doctor(sub)
+    _add_token(sub)
     return parser
 
 
@@ -630,6 +666,26 @@ def _add_doctor(sub) -> None:
     doc = sub.add_parser("doctor", help="check NVML, torch and CUDA, /dev/shm, the collector")
     doc.add_argument("--dir", help="data directory (default STARVEWATCH_DIR or ~/.starvewatch)")
     doc.set_defaults(func=cmd_doctor)
+
+
+def _add_token(sub) -> None:
+    tok = sub.add_parser("token", help="project tokens: create, list, revoke (docs/security.md)")
+    tok.add_argument("--dir", help="data directory holding the database")
+    tok.add_argument("--db", help="SQLite file (default STARVEWATCH_DIR/starvewatch.db)")
+    tok.add_argument("--database-url", metavar="URL", help="the collector's PostgreSQL database "
+                     "(default STARVEWATCH_DATABASE_URL)")
+    what = tok.add_subparsers(dest="token_command", metavar="create|list|revoke", required=True)
+    create = what.add_parser("create", help="a new token for a project and a role; printed once")
+    create.add_argument("--project", action="append", required=True,
+                        help="the project (repeat for a read or admin token of several; '*': every project)")
+    create.add_argument("--role", required=True, choices=("write", "read", "admin"),
+                        help="write: send records to its project; read: read its projects; admin: both, "
+                             "and delete runs")
+    listing = what.add_parser("list", help="the tokens, without their secret")
+    listing.add_argument("--json", action="store_true", help="as JSON")
+    revoke = what.add_parser("revoke", help="revoke a token by its id")
+    revoke.add_argument("id")
+    tok.set_defaults(func=cmd_token)
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:

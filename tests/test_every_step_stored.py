@@ -175,8 +175,9 @@ def test_a_database_of_schema_1_opens_and_keeps_its_replays_out(tmp_path):
     old.commit()
     old.close()
     store = Store(path)
-    assert SCHEMA_VERSION == 5  # 2: `seen` by record range; 3: rank-summed rollups; 4: folded samples; 5: chart bands
-    assert store.reader().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "5"
+    # 2: `seen` by record range; 3: rank-summed rollups; 4: folded samples; 5: chart bands; 6: projects, tokens
+    assert SCHEMA_VERSION == 6
+    assert store.reader().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "6"
     # The batch stored before the upgrade, replayed whole or in parts: nothing stored again.
     old_batch = _batch("old-stream", 1, list(range(10)))
     assert store.ingest(EventBatch.model_validate(old_batch)) is False

@@ -162,10 +162,31 @@ def test_collectors_opening_one_database_together_migrate_it_once_and_a_newer_sc
     for s in opened:
         s.close()
     with psycopg.connect(postgres_url, autocommit=True) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "5"
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "6"
         conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
     with pytest.raises(RuntimeError, match="newer starvewatch"):
         PgStore(postgres_url)
+
+
+def test_a_database_of_schema_5_gets_projects_and_tokens(postgres_url):
+    """Version 6 (issue 40: project tokens): a database written at version 5 gains runs.project
+    (NULL for its runs: no project) and the tokens table at the next open."""
+    from starvewatch.monitor.storage import access_tokens
+    store = PgStore(postgres_url)
+    assert store.ingest(EventBatch.model_validate(sample_batch(0, 1, T0_S, 10, 1, run_id="old-run")))
+    store.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE runs DROP COLUMN project")
+        conn.execute("DROP TABLE tokens")
+        conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    store = PgStore(postgres_url)
+    try:
+        assert store.run_row("old-run")["project"] is None
+        record, token = access_tokens.create(store, "read", ["vision"])
+        assert access_tokens.find(store, token) == record
+        assert store.reader().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "6"
+    finally:
+        store.close()
 
 
 def _partition_rows(url: str, run_id: str) -> int:

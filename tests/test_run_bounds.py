@@ -116,3 +116,77 @@ def test_the_hooks_keep_within_the_stall_bound():
     for i in range(per_process + 50):
         detector._emit({"loader": "train", "started_ns": i, "wait_s": 11.0})
     assert len(sent) == per_process and session.dropped_events == 50
+
+
+def _bound_walk(c) -> list[tuple[int, str]]:
+    """One sequence of batches and tuning documents that meets every bound a collector checks
+    at ingest, and each answer (status, message)."""
+    answers = []
+    many = [f"l{i}" for i in range(limits.MAX_LOADERS_PER_RUN)]
+    for doc in (_batch("names", 1, loaders=many[:-1]), _batch("names", 2, loaders=many[-2:] + ["one-too-many"]),
+                _batch("names", 3, loaders=many[-1:])):
+        answers.append(_post(c, "/api/v1/ingest", doc))
+    per_batch = limits.MAX_LIST_RECORDS["stalls"]
+    for seq in range(1, limits.MAX_STALL_ROWS_PER_RANK // per_batch + 1):
+        answers.append(_post(c, "/api/v1/ingest", _batch("stalls", seq, stalls=per_batch)))
+    answers.append(_post(c, "/api/v1/ingest", _batch("stalls", 99, stalls=1)))
+    a1, b = _batch("run-a", 1), _batch("run-b", 2)
+    a1["stream"] = b["stream"] = "shared-stream"
+    answers += [_post(c, "/api/v1/ingest", a1), _post(c, "/api/v1/ingest", b)]
+    answers.append(_post(c, "/api/v1/ingest", full_batch("tuned")))
+    for _ in range(limits.MAX_TUNINGS_PER_RUN + 1):
+        answers.append(_post(c, "/api/v1/runs/tuned/tuning", TUNING))
+    return answers
+
+
+def test_postgresql_refuses_a_run_over_its_bounds_as_sqlite_does(collector, postgres_url):
+    """Issue 40: the PostgreSQL store applies issue 36's bounds and the stream id's ownership
+    through the same code (run_bounds.py) and answers each batch as the SQLite store does."""
+    on_sqlite = _bound_walk(collector())
+    on_postgres = _bound_walk(collector(extra=["--database-url", postgres_url]))
+    refused = [a for a in on_sqlite if a[0] == 422]
+    assert len(refused) == 4, refused  # loader names, stall events, the stream's run, tuning results
+    assert [a[0] for a in on_postgres] == [a[0] for a in on_sqlite]
+    assert [a[1] for a in on_postgres if a[0] == 422] == [a[1] for a in refused]
+
+
+def test_postgresql_bounds_the_ranks_of_a_run_as_sqlite_does(postgres_url, monkeypatch):
+    from starvewatch.monitor.storage import run_bounds
+    from starvewatch.monitor.storage.pg_store import PgStore
+    from starvewatch.monitor.web.wire_models import EventBatch
+    monkeypatch.setattr(run_bounds, "MAX_RANKS_PER_RUN", 3)  # the same check, in seconds
+    store = PgStore(postgres_url)
+    try:
+        for rank in range(3):
+            assert store.ingest(EventBatch.model_validate(_batch("ranks", 1, rank=rank)))
+        try:
+            store.ingest(EventBatch.model_validate(_batch("ranks", 1, rank=3)))
+        except ValueError as exc:
+            assert "3 ranks already" in str(exc)
+        else:
+            raise AssertionError("a rank past the bound was stored")
+        assert store.ingest(EventBatch.model_validate(_batch("ranks", 2, rank=2)))  # a known rank still is
+        assert store.reader().execute("SELECT count(*) FROM streams WHERE rank = 3").fetchone()[0] == 0
+    finally:
+        store.close()
+
+
+def test_postgresql_out_of_space_is_a_507_and_the_batch_is_taken_later(collector, postgres_url):
+    """The database's disk_full (SQLSTATE 53100, raised here by a trigger as PostgreSQL raises it
+    when it cannot extend a file) answers 507 as SQLite's full disk does: nothing stored, and
+    the same batch sent again once there is room is stored, once."""
+    import psycopg
+    c = collector(extra=["--database-url", postgres_url])
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION no_room() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION "
+                     "'could not extend file: No space left on device' USING ERRCODE = 'disk_full'; END $$ "
+                     "LANGUAGE plpgsql")
+        conn.execute("CREATE TRIGGER no_room BEFORE INSERT ON seen FOR EACH ROW EXECUTE FUNCTION no_room()")
+        status, body = _post(c, "/api/v1/ingest", _batch("full", 1))
+        assert status == 507 and "send it again later" in body, body
+        assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+        conn.execute("DROP TRIGGER no_room ON seen")
+    status, body = _post(c, "/api/v1/ingest", _batch("full", 1))
+    assert status == 200 and '"duplicate":false' in body, body
+    csv_rows = call(c, "GET", "/api/v1/runs/full/export?format=csv")[2].decode().strip().splitlines()
+    assert len(csv_rows) == 1 + 30, len(csv_rows)

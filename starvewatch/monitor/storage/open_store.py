@@ -42,3 +42,12 @@ def database_errors() -> tuple[type[BaseException], ...]:
     import sys
     psycopg = sys.modules.get("psycopg")
     return (sqlite3.Error,) if psycopg is None else (sqlite3.Error, psycopg.Error)
+
+
+def storage_exhausted(exc: BaseException) -> bool:
+    """The database ran out of space (the batch was rolled back; the sender keeps it and sends
+    it again later: 507): SQLite's "database or disk is full", PostgreSQL's disk_full (53100)."""
+    import sqlite3
+    if isinstance(exc, sqlite3.OperationalError):
+        return "full" in str(exc)
+    return getattr(exc, "sqlstate", None) == "53100"

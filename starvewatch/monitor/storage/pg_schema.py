@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, meta TEXT NOT NULL DEFAULT '{}',
     started_at DOUBLE PRECISION, ended_at DOUBLE PRECISION, first_seen DOUBLE PRECISION NOT NULL,
-    last_seen DOUBLE PRECISION NOT NULL);
+    last_seen DOUBLE PRECISION NOT NULL, project TEXT);
 CREATE TABLE IF NOT EXISTS streams (
     stream TEXT PRIMARY KEY, run_id TEXT NOT NULL, rank BIGINT NOT NULL,
     last_seq BIGINT NOT NULL DEFAULT 0, last_seen DOUBLE PRECISION NOT NULL, finished BIGINT NOT NULL DEFAULT 0,
@@ -100,6 +100,9 @@ CREATE TABLE IF NOT EXISTS step_exemplars (
 CREATE INDEX IF NOT EXISTS step_exemplars_run ON step_exemplars(run_id, start_ns);
 CREATE TABLE IF NOT EXISTS retention_log (
     t DOUBLE PRECISION NOT NULL, run_id TEXT, run_name TEXT, action TEXT NOT NULL, detail TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY, digest TEXT NOT NULL UNIQUE, role TEXT NOT NULL, projects TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL, revoked_at DOUBLE PRECISION);
 CREATE TABLE IF NOT EXISTS rolled_samples (
     run_id TEXT NOT NULL, rank BIGINT NOT NULL, until_s BIGINT NOT NULL, events BIGINT NOT NULL,
     PRIMARY KEY (run_id, rank));
@@ -132,7 +135,10 @@ CREATE OR REPLACE AGGREGATE rank_set_of(BIGINT) (SFUNC = rank_set_add, STYPE = B
 
 # Migrations of a PostgreSQL database, by the version in `meta` it was written at: (version,
 # statements). Version 5 is the first PostgreSQL schema (DDL above); a later version appends here.
-MIGRATIONS: list[tuple[int, str]] = []
+# (The DDL runs first, so a table new in a version exists already; a column must be added here.)
+MIGRATIONS: list[tuple[int, str]] = [
+    (6, "ALTER TABLE runs ADD COLUMN IF NOT EXISTS project TEXT"),  # and `tokens` (in the DDL)
+]
 
 
 def migrate(conn) -> None:

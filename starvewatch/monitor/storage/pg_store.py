@@ -30,6 +30,8 @@ from ...batch_parts import uncovered
 from ...stats import RecordStats
 from . import pg_dialect, pg_schema
 from .batch_records import only_records
+from .project_scope import check_run_project, filter_rows
+from .run_bounds import check_batch, check_stream_owner
 from .step_ingest import insert_steps
 from .store import Store
 
@@ -298,11 +300,11 @@ class PgStore(Store):
         prefix = pg_schema.partition_name(run_id)
         self._partitions = {n for n in self._partitions if not n.startswith(prefix)}
 
-    def ingest(self, batch) -> bool:
+    def ingest(self, batch, projects=None) -> bool:
         from psycopg import errors
         for attempt in range(1, INGEST_ATTEMPTS + 1):
             try:
-                return self._ingest(batch)
+                return self._ingest(batch, projects)
             except errors.CheckViolation:
                 # "no partition of relation steps found": the run was deleted (its partition
                 # dropped) by another collector since this one made it; make it again.
@@ -316,7 +318,7 @@ class PgStore(Store):
                     raise
         return False
 
-    def _ingest(self, batch) -> bool:
+    def _ingest(self, batch, projects) -> bool:
         now = time.time()
         first, end = batch.record_range()
         with self._write_lock:
@@ -328,7 +330,7 @@ class PgStore(Store):
                 with raw.transaction():
                     w.pipeline_on()
                     try:
-                        if not self._ingest_statements(w, batch, first, end, now):
+                        if not self._ingest_statements(w, batch, first, end, now, projects):
                             return False
                     except BaseException as exc:
                         w.pipeline_off(exc)
@@ -342,17 +344,26 @@ class PgStore(Store):
         self.version += 1
         return True
 
-    def _ingest_statements(self, w: _IngestConnection, batch, first: int, end: int, now: float) -> bool:
-        """The batch's statements, inside its transaction; False for a replay (nothing new)."""
+    def _ingest_statements(self, w: _IngestConnection, batch, first: int, end: int, now: float,
+                           projects=None) -> bool:
+        """The batch's statements, inside its transaction; False for a replay (nothing new).
+        The same checks as the SQLite store's, by the same code (run_bounds.py, project_scope.py),
+        in the same order: a stream id is its run's, the run is the token's project's, and past a
+        bound of its run the batch is refused whole (422) before anything is written."""
         raw = self._writer_raw
         # One collector at a time per stream: a batch sent to two collectors is stored once.
         raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (batch.stream,))
+        check_stream_owner(w, batch)
+        check_run_project(w, batch.run_id, projects)
         stored = raw.execute('SELECT first, "end" FROM seen WHERE stream = %s AND seq = %s',
                              (batch.stream, batch.seq)).fetchall()
         todo = uncovered(first, end, stored) if end > first else ([] if stored else [(first, end)])
         if not todo:
             w.pipeline_off()
             return False
+        # (Ranks of one run stored by two collectors at once may each pass the rank bound by one:
+        # the bounds guard the views' cost, which one rank more does not change.)
+        check_batch(w, batch)
         raw.execute("INSERT INTO seen VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
                     (batch.stream, batch.seq, first, end))
         if todo != [(first, end)]:
@@ -388,7 +399,7 @@ class PgStore(Store):
         # Last: the run's row lock is held from here to the commit only, so collectors
         # storing other ranks of this run overlap all of the above.
         raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 1))", (batch.run_id,))
-        self._upsert_run(w, batch, now)
+        self._upsert_run(w, batch, now, projects)
         raw.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"run:{batch.run_id}"))
         return True
 
@@ -416,7 +427,7 @@ class PgStore(Store):
         with it in two queries: the runs list reads both per run, which is thousands of round
         trips to PostgreSQL where SQLite reads its page cache."""
         db = self.reader()
-        runs = db.execute("SELECT * FROM runs ORDER BY coalesce(started_at, first_seen) DESC").fetchall()
+        runs = filter_rows(db.execute("SELECT * FROM runs ORDER BY coalesce(started_at, first_seen) DESC").fetchall())
         streams: dict[str, list] = defaultdict(list)
         for row in db.execute("SELECT * FROM streams ORDER BY rank, stream").fetchall():
             streams[row["run_id"]].append(row)

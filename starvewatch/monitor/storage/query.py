@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 import threading
@@ -13,6 +14,7 @@ import orjson
 from ...analysis.summary import iso, summarize
 from ..budget import rollup_bands
 from .folded_reads import recent_notes, rolled_spans, samples_rolled
+from .project_scope import visible_projects
 from ..budget.retention import RAW_WINDOW_STEPS
 from .store import Store
 from ...analysis.measured_tuning import with_tuning
@@ -68,7 +70,9 @@ def cached(per_run: bool = True, max_age_s: float | None = 5.0):
         @functools.wraps(fn)
         def wrapper(self, *args, **kwargs):
             version = self.store.versions.get(args[0], 0) if per_run and args else self.store.version
-            key = (fn.__name__, args, tuple(sorted(kwargs.items())))
+            # The caller's projects are part of the question: a runs list for one project is
+            # not the list for everyone (project_scope.py).
+            key = (fn.__name__, args, tuple(sorted(kwargs.items())), visible_projects.get())
             now = time.monotonic()
             hit = self._cache.get(key)
             # Time-dependent answers (live/lost status) are refreshed every few seconds anyway.
@@ -101,9 +105,10 @@ def mark_regressions(runs: list[dict]) -> None:
     `regression` {speedup, interval, sentence} (analysis/regression.py's judgement on the
     training loaders' rates; the run page adds the likely cause)."""
     from ...analysis.regression import regression
-    by_name: dict[str, list[dict]] = {}
+    by_name: dict[tuple, list[dict]] = {}
     for r in sorted(runs, key=lambda r: r["started_at"] or ""):
-        by_name.setdefault(r["name"], []).append(r)
+        # Within a project: a run is never judged against (nor names) another project's.
+        by_name.setdefault((r.get("project"), r["name"]), []).append(r)
     for members in by_name.values():
         previous = None
         for r in members:
@@ -296,11 +301,13 @@ class Query:
         """The latest run with the same name that started before this one and can be compared
         with: not lost or interrupted, with enough data for a verdict (issue 34); or None."""
         name = name if name is not None else self._row(run_id)["name"]
+        # Of the same project: another project's run is neither compared with nor named.
         rows = self.store.reader().execute(
             "SELECT id FROM runs WHERE name = ? AND id != ? AND coalesce(started_at, first_seen) < "
-            "(SELECT coalesce(started_at, first_seen) FROM runs WHERE id = ?) "
+            "(SELECT coalesce(started_at, first_seen) FROM runs WHERE id = ?) AND coalesce(project, '') = "
+            "coalesce((SELECT project FROM runs WHERE id = ?), '') "
             "ORDER BY coalesce(started_at, first_seen) DESC LIMIT ?",
-            (name, run_id, run_id, PREVIOUS_CANDIDATES)).fetchall()
+            (name, run_id, run_id, run_id, PREVIOUS_CANDIDATES)).fetchall()
         for (candidate,) in rows:
             if comparable(self.status(candidate), self._listed_figures(candidate)["verdict"]):
                 return candidate
@@ -373,7 +380,7 @@ class Query:
                 figures = {"verdict": BAND_ORDER[0], "input_wait_fraction": None, "batches_per_s": None,
                            "steps": 0, "unreadable": f"{type(exc).__name__}: {str(exc)[:200]}"}
             out.append({
-                "id": row["id"], "name": row["name"], "status": run_status,
+                "id": row["id"], "name": row["name"], "project": row["project"], "status": run_status,
                 "started_at": iso(started), "ended_at": iso(ended),
                 "duration_s": (ended or row["last_seen"]) - started,
                 **figures,
@@ -410,8 +417,13 @@ class Query:
 
     @cached(per_run=False)
     def storage_notes(self) -> list[dict]:
-        """The latest runs the storage budget coarsened or deleted (the runs page's banner)."""
-        return recent_notes(self.store.reader())
+        """The latest runs the storage budget coarsened or deleted (the runs page's banner). A
+        caller restricted to some projects reads only its runs' notes (a deleted run's project
+        is gone with it: its note is not shown there)."""
+        notes = recent_notes(self.store.reader())
+        if visible_projects.get() is None:
+            return notes
+        return [n for n in notes if n["run_id"] is not None and self.store.run_row(n["run_id"]) is not None]
 
     @cached(per_run=True)
     def detail(self, run_id: str) -> dict:
@@ -653,3 +665,29 @@ def _merge_stalls(events: list[dict]) -> list[dict]:
     for e in events:
         merged[(e.get("rank", 0), e.get("loader"), e.get("started_ns"))] = e
     return list(merged.values())
+
+
+def _visible_first(fn):
+    @functools.wraps(fn)
+    def wrapper(self, run_id, *args, **kwargs):
+        if visible_projects.get() is not None:
+            self._row(run_id)  # NotFound for a run of another project (store.run_row filters)
+        return fn(self, run_id, *args, **kwargs)
+    return wrapper
+
+
+def _only_visible_runs(cls):
+    """Every public method of `cls` that takes a run id answers NotFound (404) for a run the
+    current caller may not see (project_scope.py): one rule for the API, exports, compare and the
+    Dash callbacks, which a new method gets without a line of its own. Free for an unrestricted
+    caller (the default)."""
+    for name, fn in list(vars(cls).items()):
+        if name.startswith("_") or not inspect.isfunction(fn):
+            continue
+        params = list(inspect.signature(fn).parameters)
+        if len(params) > 1 and params[1] == "run_id":
+            setattr(cls, name, _visible_first(fn))
+    return cls
+
+
+_only_visible_runs(Query)

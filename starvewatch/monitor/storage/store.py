@@ -26,6 +26,7 @@ from ...stats import LoaderTotals, RecordStats
 from . import database_file
 from ..budget import retention, rollup_bands, run_rollups
 from .batch_records import only_records
+from .project_scope import check_run_project, filter_rows, visible
 from .run_bounds import check_batch, check_stream_owner, check_tuning
 from .step_ingest import insert_steps
 from .store_schema import DDL, SCHEMA_VERSION, migrate_tables
@@ -92,8 +93,10 @@ class Store:
             self._writer.close()
 
     # ---- ingest ------------------------------------------------------------------------------
-    def ingest(self, batch) -> bool:
-        """Store one validated EventBatch; False when it was already stored (a replay)."""
+    def ingest(self, batch, projects=None) -> bool:
+        """Store one validated EventBatch; False when it was already stored (a replay).
+        `projects`: those of the project token that sent it (project_scope.check_run_project;
+        a new run becomes the first one's); None: any run (the collector's own tokens)."""
         now = time.time()
         first, end = batch.record_range()
         with self._write_lock:
@@ -101,6 +104,7 @@ class Store:
             w.execute("BEGIN IMMEDIATE")
             try:
                 check_stream_owner(w, batch)  # run_bounds.py: a stream id is its run's
+                check_run_project(w, batch.run_id, projects)  # before the replay check: 403, never "duplicate"
                 stored = w.execute("SELECT first, end FROM seen WHERE stream = ? AND seq = ?",
                                    (batch.stream, batch.seq)).fetchall()
                 todo = uncovered(first, end, stored) if end > first else ([] if stored else [(first, end)])
@@ -112,7 +116,7 @@ class Store:
                 if todo != [(first, end)]:  # split differently before: only the records not stored yet
                     batch = only_records(batch, first, todo)
                 steps = batch.steps
-                self._upsert_run(w, batch, now)
+                self._upsert_run(w, batch, now, projects)
                 # A replayed batch carries an older account: the highest sequence number wins.
                 delivery = None if batch.delivery is None else orjson.dumps(
                     {"seq": batch.seq, **batch.delivery.model_dump()}).decode()
@@ -164,17 +168,22 @@ class Store:
         self.version += 1
         return True
 
-    def _upsert_run(self, w, batch, now: float) -> None:
+    def _upsert_run(self, w, batch, now: float, projects=None) -> None:
         meta = batch.run.stored() if batch.run is not None else None
-        row = w.execute("SELECT meta FROM runs WHERE id = ?", (batch.run_id,)).fetchone()
+        row = w.execute("SELECT meta, project FROM runs WHERE id = ?", (batch.run_id,)).fetchone()
         if row is None:
             base = meta or {"id": batch.run_id, "name": batch.run_id}
             if meta is not None and meta.get("host"):
                 base["rank_hosts"] = {str(meta.get("rank", 0)): meta["host"]}
-            w.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
+            w.execute("INSERT INTO runs (id, name, meta, started_at, ended_at, first_seen, last_seen, project) "
+                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                       (batch.run_id, base.get("name") or batch.run_id, orjson.dumps(base).decode(),
-                       base.get("started_at"), base.get("ended_at"), now, now))
+                       base.get("started_at"), base.get("ended_at"), now, now, projects[0] if projects else None))
             return
+        if projects is not None and row[1] not in projects:
+            # Made meanwhile by another collector for another project (PostgreSQL: checked again
+            # under the run's lock, where this row is written).
+            check_run_project(w, batch.run_id, projects)
         stored = orjson.loads(row[0])
         # Every rank's hostname, so the diagnosis divides a host's cores by the ranks on it.
         hosts = dict(stored.get("rank_hosts") or {})
@@ -277,10 +286,14 @@ class Store:
 
     # ---- reads -------------------------------------------------------------------------------
     def run_rows(self) -> list[sqlite3.Row]:
-        return self.reader().execute("SELECT * FROM runs ORDER BY coalesce(started_at, first_seen) DESC").fetchall()
+        """Every run the current caller may see (project_scope.py), newest first."""
+        return filter_rows(self.reader().execute("SELECT * FROM runs ORDER BY coalesce(started_at, first_seen) "
+                                                 "DESC").fetchall())
 
     def run_row(self, run_id: str):
-        return self.reader().execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        """The run's row, or None when unknown or not visible to the current caller (project_scope.py)."""
+        row = self.reader().execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return row if row is not None and visible(row["project"]) else None
 
     def stream_rows(self, run_id: str) -> list[sqlite3.Row]:
         return self.reader().execute("SELECT * FROM streams WHERE run_id = ? ORDER BY rank, stream",

@@ -19,14 +19,16 @@ from ..budget import sample_rollups
 #    `rolled_samples` (sample_rollups.py): samples follow the storage budget's tiers.
 # 5: `rollups` keep their steps' least wait and least and greatest compute (rollup_bands.py),
 #    the chart's min-max bands.
-SCHEMA_VERSION = 5
+# 6: `runs.project` (the project of the token that first sent the run; NULL: none) and `tokens`
+#    (project tokens: id, SHA-256 digest, role, projects; access_tokens.py).
+SCHEMA_VERSION = 6
 WHOLE_BATCH_END = 2**62  # a batch stored before version 2: every record of it
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS runs (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, meta TEXT NOT NULL DEFAULT '{}',
-    started_at REAL, ended_at REAL, first_seen REAL NOT NULL, last_seen REAL NOT NULL);
+    started_at REAL, ended_at REAL, first_seen REAL NOT NULL, last_seen REAL NOT NULL, project TEXT);
 CREATE TABLE IF NOT EXISTS streams (
     stream TEXT PRIMARY KEY, run_id TEXT NOT NULL, rank INTEGER NOT NULL,
     last_seq INTEGER NOT NULL DEFAULT 0, last_seen REAL NOT NULL, finished INTEGER NOT NULL DEFAULT 0,
@@ -69,6 +71,10 @@ CREATE INDEX IF NOT EXISTS events_run ON events(run_id, kind, t_ns);
 -- `starvewatch tune` results stored with a run (JSON documents, starvewatch.tuning/1).
 CREATE TABLE IF NOT EXISTS tunings (run_id TEXT NOT NULL, created_at REAL NOT NULL, data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS tunings_run ON tunings(run_id, created_at);
+-- Project tokens (access_tokens.py): the token's SHA-256 digest, never the token.
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY, digest TEXT NOT NULL UNIQUE, role TEXT NOT NULL, projects TEXT NOT NULL,
+    created_at REAL NOT NULL, revoked_at REAL);
 """
 
 
@@ -78,6 +84,8 @@ def migrate_tables(w: sqlite3.Connection) -> None:
     columns = {row[1] for row in w.execute("PRAGMA table_info(streams)")}
     if "delivery" not in columns:
         w.execute("ALTER TABLE streams ADD COLUMN delivery TEXT")
+    if "project" not in {row[1] for row in w.execute("PRAGMA table_info(runs)")}:
+        w.execute("ALTER TABLE runs ADD COLUMN project TEXT")  # version 6: NULL, no project
     if "first" not in {row[1] for row in w.execute("PRAGMA table_info(seen)")}:
         w.executescript(f"""
             BEGIN IMMEDIATE;

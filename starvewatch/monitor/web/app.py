@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sqlite3
 import threading
 import time
 import zlib
@@ -21,14 +20,15 @@ from ...ids import content_disposition
 from ...logonce import RateLimitedLog
 from ...version import __version__
 from ...schema import EVENTS_SCHEMA, SUMMARY_SCHEMA
-from .guard import SERVICE, Guard
+from .guard import PRINCIPAL, SERVICE, Guard
 from .json_bounds import json_values_problem
 from ..outputs.metrics import make_registry, render
 from .wire_models import EventBatch
 from ..storage.query import NotFound, Query
 from .collector_settings import CollectorSettings
 from ..storage.spool_import import SpoolImporter
-from ..storage.open_store import database_errors, open_store
+from ..storage.open_store import database_errors, open_store, storage_exhausted
+from ..storage.project_scope import RunProjectError
 
 log = logging.getLogger("starvewatch.collector")
 sweep_errors = RateLimitedLog(log)
@@ -204,12 +204,16 @@ def _ingest_routes(app: FastAPI, state: dict, settings: CollectorSettings) -> No
                 raise HTTPException(413, f"batch over the collector's limits: {_describe_validation(exc)}; "
                                          f"split the batch") from None
             raise HTTPException(422, f"invalid event batch: {_describe_validation(exc)}") from None
+        login = request.scope.get(PRINCIPAL)  # a project token's (guard.py): its run must be of its project
+        projects = None if login is None or login.visible is None else login.projects
         try:
-            stored = await run_in_threadpool(state["store"].ingest, batch)
+            stored = await run_in_threadpool(state["store"].ingest, batch, projects)
+        except RunProjectError as exc:  # nothing was written
+            raise HTTPException(403, str(exc)) from None
         except ValueError as exc:  # the store refused it whole (rolled back): nothing was written
             raise HTTPException(422, f"invalid event batch: {exc}") from None
-        except sqlite3.OperationalError as exc:
-            if "full" not in str(exc):
+        except database_errors() as exc:
+            if not storage_exhausted(exc):
                 raise
             # 507: the batch was not stored (rolled back, caches with it); the sender keeps it
             # and sends it again later, counted once.
@@ -227,8 +231,9 @@ def _run_routes(app: FastAPI, state: dict) -> None:
     @app.get("/api/v1/runs")
     def list_runs(status: str | None = Q(None, pattern="^(live|stalled|finished|lost)$"),
                   q: str | None = Q(None, max_length=200)):
-        """The runs, newest first, each with its status, verdict, input wait and throughput.
-        `status` keeps one status; `q` keeps runs whose name or id contains it.
+        """The runs, newest first, each with its project (null: none), status, verdict, input wait
+        and throughput. `status` keeps one status; `q` keeps runs whose name or id contains it. A
+        project token sees its projects' runs only (docs/security.md).
 
         Example: `curl 'http://127.0.0.1:8412/api/v1/runs?status=live&q=resnet'`."""
         return FastJSONResponse({"runs": state["query"].list_runs(status=status, search=q)})
@@ -242,7 +247,8 @@ def _run_routes(app: FastAPI, state: dict) -> None:
 
     @app.delete("/api/v1/runs/{run_id}")
     def delete_run(run_id: str):
-        """Delete a run and all its data (`starvewatch runs delete RUN` asks first).
+        """Delete a run and all its data (`starvewatch runs delete RUN` asks first). Needs the
+        collector's token or an `admin` project token of the run's project.
 
         Example: `curl -X DELETE http://127.0.0.1:8412/api/v1/runs/train-20261122-021033-19e2a8`."""
         if not state["store"].delete_run(run_id):

@@ -10,6 +10,11 @@ In order, for each request:
    a server secret (session.py), and its name carries the port, since browsers send a host's
    cookies to every port of it. Wrong tokens from one client are answered one at a time, each
    after a delay that grows with that client's recent failures (guessing is slowed to a crawl).
+   A **project token** (`swt_...`, storage/access_tokens.py) is checked beside them, by its
+   digest in the store, revoked ones refused: its role must grant the route's action
+   (access_rules.py; 403), a run its path names must be of its projects (404), and the request
+   runs seeing only its projects (storage/project_scope.py: lists, pages, callbacks, exports).
+   Its login cookie carries its id, role, projects and expiry (login_cookie.py).
 3. **Origin**: a browser request that changes state (any method but GET/HEAD/OPTIONS) or opens
    a WebSocket must come from this collector's own origin. CORS is never enabled.
 4. **Body size**: a `Content-Length` over the limit is answered 413 before a byte of the body
@@ -38,6 +43,9 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import orjson
 
 from ...logonce import RateLimitedLog
+from ..storage import access_tokens
+from ..storage.project_scope import scoped
+from . import access_rules
 from .connections import connection_uid, release_slot
 from .framing import response_headers
 from .peer import UNKNOWABLE, peer_uid
@@ -183,11 +191,18 @@ class Guard:
         self.token = settings.token.encode() if settings.token else None
         self.bound_host = host_name(settings.host) if settings.host else ""
         self.cookie = cookie_name(settings.port)
-        self.sessions = Sessions(settings) if settings.token else None
+        self._sessions = Sessions(settings) if settings.token else None
         self.failures = _Failures()
         self.own_uid = os.geteuid()
         local = getattr(settings, "local_token", None)
         self.local_token = local.encode() if local else None
+
+    @property
+    def sessions(self) -> Sessions:
+        """Made at the first login when the collector has no token of its own (a project token's)."""
+        if self._sessions is None:
+            self._sessions = Sessions(self.settings)
+        return self._sessions
 
     # ---- the checks --------------------------------------------------------------------------
     def _host_allowed(self, host_header: str | None) -> bool:
@@ -267,7 +282,9 @@ class Guard:
         if not self._host_allowed(headers.get("host")):
             return await self._refuse(scope, receive, send, 403, "this collector answers to a loopback "
                                       "address only (Host header refused: DNS rebinding protection)")
-        if self.token is None and not self._same_user(scope, headers):
+        given, where = self._given_token(headers, query)
+        project_token = _is_project_token(given, where)
+        if self.token is None and not project_token and not self._same_user(scope, headers):
             return await self._refuse(scope, receive, send, 403, "this collector belongs to another user of "
                                       "this machine (start your own: another --port, or your own STARVEWATCH_DIR)")
         if kind == "http" and method == "GET" and scope.get("path") == "/healthz" and self.settings.collector_key:
@@ -277,8 +294,14 @@ class Guard:
                 # collector key (local_secrets.py)? Answered before the token, which the
                 # question is there to protect.
                 return await self._prove(send, challenge)
-        if self.token is not None:
-            given, where = self._given_token(headers, query)
+        login = None
+        if project_token:
+            login = await self._project_login(scope, receive, send, method, given, where)
+            if login is None:
+                return  # refused, answered
+            if where == "query" and method == "GET":
+                return await self._login_redirect(scope, send, query, login)
+        elif self.token is not None:
             address = (scope.get("client") or ("?",))[0]
             key = None
             if given is not None and self.failures.watched(address):
@@ -293,20 +316,71 @@ class Guard:
                 return await self._refuse(scope, receive, send, 403, "the login cookie reads pages only: "
                                           "this route wants the token (Authorization: Bearer)")
             if not self._token_ok(given, where):
-                if given is not None:  # a guess (a missing token is no attempt): slowed
-                    if self.failures.pending >= MAX_PENDING:
-                        return await self._refuse(scope, receive, send, 429, "too many wrong tokens; wait "
-                                                  "before trying again", extra=((b"retry-after", b"2"),))
-                    # The wait holds no connection slot: clients with the right token keep
-                    # being served whatever number of guesses wait (connections.py).
-                    release_slot(scope.get("client"))
-                    await self.failures.pause(key or _client_key(scope), address)
-                return await self._refuse(scope, receive, send, 401, "missing or wrong token",
-                                          extra=((b"www-authenticate", b"Bearer"),))
+                return await self._wrong_token(scope, receive, send, given, key)
             if where == "query" and method == "GET":
                 return await self._login_redirect(scope, send, query)
         if (method not in SAFE_METHODS) and not self._origin_ok(headers):
             return await self._refuse(scope, receive, send, 403, "cross-origin request refused")
+        if login is not None:
+            scope[PRINCIPAL] = login
+            with scoped(login.visible):  # every read of this request sees the token's projects only
+                return await self._admitted(scope, receive, send, kind, headers)
+        return await self._admitted(scope, receive, send, kind, headers)
+
+    async def _wrong_token(self, scope, receive, send, given, key=None) -> None:
+        """401 to a wrong or missing token; a guess (a missing token is no attempt) is slowed."""
+        if given is not None:
+            if self.failures.pending >= MAX_PENDING:
+                return await self._refuse(scope, receive, send, 429, "too many wrong tokens; wait "
+                                          "before trying again", extra=((b"retry-after", b"2"),))
+            # The wait holds no connection slot: clients with the right token keep
+            # being served whatever number of guesses wait (connections.py).
+            release_slot(scope.get("client"))
+            address = (scope.get("client") or ("?",))[0]
+            await self.failures.pause(key or _client_key(scope), address)
+        return await self._refuse(scope, receive, send, 401, "missing or wrong token",
+                                  extra=((b"www-authenticate", b"Bearer"),))
+
+    async def _project_login(self, scope, receive, send, method: str, given: str, where: str):
+        """The project token's record when it is live and its role may take this route, a run
+        its path names being of its projects; None once refused (answered)."""
+        from anyio import to_thread
+        if self.failures.watched((scope.get("client") or ("?",))[0]):
+            key = _client_key(scope)
+            if self.failures.over_cap(key):  # as for the collector's token: not looked at
+                return await self._refuse(scope, receive, send, 429, "too many wrong tokens from this client; "
+                                          "wait before trying again", extra=(
+                                              (b"retry-after", str(self.failures.retry_after_s(key)).encode()),))
+        store = getattr(scope["app"].state, "store", None)
+        if store is None:
+            return await self._refuse(scope, receive, send, 503, "the collector is starting")
+        if where == "cookie":
+            found = self.sessions.project_login(given)
+            login = None
+            if found is not None and await to_thread.run_sync(access_tokens.live, store, found[0]):
+                login = access_tokens.AccessToken(found[0], found[1], found[2], 0.0)
+        else:
+            login = await to_thread.run_sync(access_tokens.find, store, given)
+        if login is None:
+            return await self._wrong_token(scope, receive, send, given)
+        route = access_rules.matched_route(scope["app"].router.routes, scope)
+        action = access_rules.action_for(method, route)
+        if not access_rules.allowed(login.role, action) or (
+                where == "cookie" and action != access_rules.READ and action != access_rules.OPEN):
+            return await self._refuse(scope, receive, send, 403, f"a {login.role} token may not "
+                                      f"{method} {scope.get('path', '')[:200]!r} (docs/security.md: roles)")
+        run_id = access_rules.run_named(route, scope)
+        if run_id is not None:
+            def known() -> bool:
+                with scoped(login.visible):
+                    return store.run_row(run_id) is not None
+            # Ingest may make a run; a route naming one reads or changes a run that must be visible.
+            if not await to_thread.run_sync(known):
+                return await self._refuse(scope, receive, send, 404, f"unknown run id {run_id[:200]!r}")
+        return login
+
+    async def _admitted(self, scope, receive, send, kind: str, headers: dict) -> None:
+        """The request, past the token and origin checks: a WebSocket as it is, HTTP within the body limits."""
         if kind == "websocket":
             return await self.app(scope, receive, send)
 
@@ -440,7 +514,7 @@ class Guard:
             return await self._respond(_WebSocketDenial(send), status, detail, extra)
         await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
 
-    async def _login_redirect(self, scope, send, query: str) -> None:
+    async def _login_redirect(self, scope, send, query: str, login=None) -> None:
         # A browser logs in once with ?token=: a cookie from then on, and the token leaves the
         # address bar (and the browser's history).
         rest = urlencode([(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "token"])
@@ -448,13 +522,27 @@ class Guard:
         path = b"/" + path.lstrip(b"/")  # `//host/` would send the browser to another site
         location = path + (f"?{rest}".encode("latin-1", "replace") if rest else b"")
         cookie = SimpleCookie()
-        cookie[self.cookie] = self.sessions.new_value()
+        cookie[self.cookie] = (self.sessions.new_value() if login is None else
+                               self.sessions.new_project_value(login.id, login.role, login.projects))
         cookie[self.cookie].update({"httponly": True, "samesite": "Strict", "path": "/", "max-age": SESSION_S,
                                     "secure": scope.get("scheme") == "https"})
         await send({"type": "http.response.start", "status": 303, "headers": [
             (b"location", location), (b"content-length", b"0"),
             (b"set-cookie", cookie[self.cookie].OutputString().encode("latin-1")), *SECURITY_HEADERS]})
         await send({"type": "http.response.body", "body": b""})
+
+
+PRINCIPAL = "starvewatch.project_token"  # scope key: the project token a request was admitted with
+
+
+def _is_project_token(given: str | None, where: str) -> bool:
+    """A project token (or its login cookie), checked by the store rather than against the
+    collector's own token."""
+    if given is None:
+        return False
+    if where == "cookie":
+        return given.startswith(Sessions.PROJECT_PREFIX)
+    return access_tokens.looks_like(given)
 
 
 def _is_ip(text: str) -> bool:
