@@ -132,19 +132,11 @@ class Sidecar:
             while self.batches.get()[0] != "eof":
                 pass
             return
-        if self.transport is not None:
-            d = self.delivery_settings
-            found = find_collector(d["url"], Path(d["dir"]), self.transport, autostart=d["autostart"],
-                                   local_rank=int(d.get("local_rank") or 0))
-            if found == "starvewatch":
-                self.delivery.reset_backoff()
-            elif found == "other":
-                self.delivery.spool_only()
-            self.send({"kind": "collector", "found": found})
         # Two stages: this thread builds each batch (columns, the book) while the delivery
         # thread sends the one before (gzip, HTTP, the collector's ingest): a batch the
         # collector takes in ~50 ms is not held up by ~30 ms of building before it. One batch
-        # waits built at most; deliveries, replays and flushes stay in order on their thread.
+        # waits built at most; deliveries, replays and flushes stay in order on their thread,
+        # which first finds the collector (the first batch is built meanwhile).
         deliveries = threading.Thread(target=self._deliver_built, daemon=True, name="starvewatch-sidecar-delivery")
         deliveries.start()
         while True:
@@ -172,8 +164,25 @@ class Sidecar:
                 deliveries.join()
                 return
 
+    def _find_collector(self) -> None:
+        d = self.delivery_settings
+        try:
+            found = find_collector(d["url"], Path(d["dir"]), self.transport, autostart=d["autostart"],
+                                   local_rank=int(d.get("local_rank") or 0))
+        except Exception as exc:  # this thread must go on: the builder waits on it
+            _errors.error(f"find:{type(exc).__name__}", "starvewatch: finding the collector failed: %r", exc)
+            found = "none"
+        if found == "starvewatch":
+            self.delivery.reset_backoff()
+        elif found == "other":
+            self.delivery.spool_only()
+        self.send({"kind": "collector", "found": found})
+
     def _deliver_built(self) -> None:
-        """The delivery thread: built batches, spool replays and flushes, in order."""
+        """The delivery thread: finds the collector, then delivers built batches, spool replays
+        and flushes, in order."""
+        if self.transport is not None:
+            self._find_collector()
         while True:
             kind, body = self.built.get()
             try:
