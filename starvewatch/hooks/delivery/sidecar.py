@@ -59,6 +59,8 @@ class ToTrainingProcess(logging.Handler):
             self.handleError(record)
 
 EOF_FLUSH_S = 5.0  # after EOF, batches still queued are sent for this long, then spooled
+SWITCH_INTERVAL_S = 0.0005  # the GIL's, in this process (see main)
+BUILD_WAIT_S = 0.25  # at most this long a build waits for the delivery thread's request to go out
 
 
 class Sidecar:
@@ -78,6 +80,10 @@ class Sidecar:
         self._write_lock = threading.Lock()
         self.batches: queue.Queue = queue.Queue()
         self.built: queue.Queue = queue.Queue(maxsize=1)  # to the delivery thread (deliver_forever)
+        # Clear from the delivery thread's taking a batch until its request is written (or the
+        # batch settled otherwise): its turn for the GIL, which a build would hold meanwhile.
+        self.may_build = threading.Event()
+        self.may_build.set()
         self.flush_deadline: float | None = None
         self.delivery = self.transport = self.pipeline = None
         self.delivery_settings = settings.get("delivery")
@@ -88,6 +94,8 @@ class Sidecar:
             self.delivery = Delivery(self.transport, Spool(Path(d["spool_dir"]), int(d["spool_max_bytes"])),
                                      warnings=Warnings(quiet=bool(settings.get("quiet"))))
             self.pipeline = LocalPipeline(self.delivery, int(settings["wall_offset_ns"]), vectorized=True)
+            if self.transport is not None:
+                self.transport.request_sent = self.may_build
 
     def send(self, message: dict) -> None:
         line = json.dumps(message, separators=(",", ":")) + "\n"
@@ -148,6 +156,8 @@ class Sidecar:
                 continue
             if kind == "batch":
                 header, parts = body
+                # Built while the delivery thread waits on the collector, not while it sends.
+                self.may_build.wait(BUILD_WAIT_S)
                 failed = None
                 try:
                     self.pipeline.add_packed(header, parts)
@@ -185,6 +195,8 @@ class Sidecar:
             self._find_collector()
         while True:
             kind, body = self.built.get()
+            if kind == "batch":
+                self.may_build.clear()
             try:
                 if kind == "batch":
                     header, payload, failed, book = body
@@ -211,6 +223,8 @@ class Sidecar:
                     return
             except Exception as exc:  # the thread goes on: the builder waits on it
                 _errors.error(f"delivery:{type(exc).__name__}", "starvewatch: sidecar delivery failed: %r", exc)
+            finally:
+                self.may_build.set()
 
     def _lost(self, records: int, exc: Exception) -> None:
         """Records the sidecar could not deliver, counted (on the delivery thread: the only
@@ -313,6 +327,12 @@ def main() -> int:
             os.nice(10)
     except OSError:
         pass
+    # The delivery thread waits on the collector, then on the GIL while the builder builds the
+    # next batch: every one of its socket and pipe calls gave the GIL up and took up to the
+    # switch interval (5 ms) to get it back. Between one batch's answer and the next one's
+    # request that was 20-50 ms, against 3-5 ms once nothing was left to build (traced on
+    # end_to_end.py, issue 41). A shorter interval bounds each such wait.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     stdin = sys.stdin.buffer
     sidecar = Sidecar(json.loads(stdin.readline()), sys.stdout)
     root = logging.getLogger("starvewatch")

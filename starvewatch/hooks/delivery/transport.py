@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import random
+import threading
 import time
 import urllib.parse
 from pathlib import Path
@@ -128,6 +129,9 @@ class HttpTransport:
         self._conn = None
         self._key: str | None = None  # require_proof()
         self._proved = False
+        # Set once each request is written, before its answer is awaited (the sidecar builds
+        # the next batch then: sidecar.py).
+        self.request_sent: threading.Event | None = None
 
     def _connection(self):
         if self._conn is None:
@@ -152,6 +156,8 @@ class HttpTransport:
                 if self._key is not None and not self._proved:
                     self._prove(conn)
                 conn.request(method, self._prefix + path, body=body, headers=all_headers)
+                if self.request_sent is not None:
+                    self.request_sent.set()
                 response = conn.getresponse()
                 # Read within a bound: whatever answers on the port cannot make training's
                 # memory grow with it (a 512 MiB answer once took a process to 1 GiB).
