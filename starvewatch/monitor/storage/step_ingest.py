@@ -26,6 +26,7 @@ ROW_COLUMNS = ("run_id", "rank", "loader", "epoch", "step", "start_ns", "wait_ns
 # Columns that often hold one value for a whole batch: one loader and epoch, no `step()` marks
 # (other_ns 0), a fixed batch size or none, no GPU measurements. (The run and rank always do.)
 _OFTEN_CONSTANT = ("loader", "epoch", "other_ns", "batch_size", "gpu_idle_ns")
+_NULLABLE = ("batch_size", "gpu_idle_ns")
 _ROWS_PER_INSERT = 500
 
 
@@ -102,20 +103,24 @@ def insert_steps(w, batch, stats_for: Callable[..., RecordStats],
     w.execute("INSERT INTO step_blocks VALUES (?, ?, ?)", (rid, first, first + n - 1))
     # Per-second rollups and per-loader statistics, kept as the data arrives (numpy: a
     # 20,000-record batch costs a few milliseconds here).
-    names = list(s.loader)
-    groups = {names[0]: None} if names.count(names[0]) == n else None
-    if groups is None:
+    if "loader" in constants:
+        groups = {constants["loader"]: None}
+    else:
         groups = {}
-        for i, name in enumerate(names):
+        for i, name in enumerate(s.loader):
             groups.setdefault(name, []).append(i)
-    start = np.asarray(s.start_ns, dtype=np.int64)
-    wait = np.asarray(s.wait_ns, dtype=np.int64)
-    compute = np.asarray(s.compute_ns, dtype=np.int64)
-    other = np.asarray(s.other_ns, dtype=np.int64)
-    epoch = np.asarray(s.epoch, dtype=np.int64)
-    size = np.asarray([b or 0 for b in s.batch_size], dtype=np.int64)
-    gpu_known = np.asarray([g is not None for g in s.gpu_idle_ns], dtype=bool)
-    gpu = np.asarray([g or 0 for g in s.gpu_idle_ns], dtype=np.int64)
+
+    def ints(name: str) -> np.ndarray:
+        """A step column as int64, None as 0; a constant one filled in, not read value by value."""
+        if name in constants:
+            return np.full(n, constants[name] or 0, dtype=np.int64)
+        values = varying[name]
+        return np.asarray([v or 0 for v in values] if name in _NULLABLE else values, dtype=np.int64)
+
+    start, wait, compute, other, epoch, size, gpu = map(ints, ("start_ns", "wait_ns", "compute_ns", "other_ns",
+                                                               "epoch", "batch_size", "gpu_idle_ns"))
+    gpu_known = np.full(n, constants["gpu_idle_ns"] is not None) if "gpu_idle_ns" in constants else \
+        np.asarray([g is not None for g in s.gpu_idle_ns], dtype=bool)
     for name, idx in groups.items():
         pick = (lambda col: col) if idx is None else (lambda col: [col[i] for i in idx])
         sel = slice(None) if idx is None else np.asarray(idx)
