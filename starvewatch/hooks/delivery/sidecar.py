@@ -59,7 +59,6 @@ class ToTrainingProcess(logging.Handler):
             self.handleError(record)
 
 EOF_FLUSH_S = 5.0  # after EOF, batches still queued are sent for this long, then spooled
-SWITCH_INTERVAL_S = 0.0005  # the GIL's, in this process (see main)
 BUILD_WAIT_S = 0.25  # at most this long a build waits for the delivery thread's request to go out
 
 
@@ -82,6 +81,10 @@ class Sidecar:
         self.built: queue.Queue = queue.Queue(maxsize=1)  # to the delivery thread (deliver_forever)
         # Clear from the delivery thread's taking a batch until its request is written (or the
         # batch settled otherwise): its turn for the GIL, which a build would hold meanwhile.
+        # Each of its socket and pipe calls gave the GIL up and waited up to the switch
+        # interval (5 ms) to get it back: from one batch's answer to the next one's request
+        # the collector waited 20-50 ms, against 3-5 ms once nothing was left to build
+        # (traced on end_to_end.py, issue 41).
         self.may_build = threading.Event()
         self.may_build.set()
         self.flush_deadline: float | None = None
@@ -327,12 +330,6 @@ def main() -> int:
             os.nice(10)
     except OSError:
         pass
-    # The delivery thread waits on the collector, then on the GIL while the builder builds the
-    # next batch: every one of its socket and pipe calls gave the GIL up and took up to the
-    # switch interval (5 ms) to get it back. Between one batch's answer and the next one's
-    # request that was 20-50 ms, against 3-5 ms once nothing was left to build (traced on
-    # end_to_end.py, issue 41). A shorter interval bounds each such wait.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     stdin = sys.stdin.buffer
     sidecar = Sidecar(json.loads(stdin.readline()), sys.stdout)
     root = logging.getLogger("starvewatch")
