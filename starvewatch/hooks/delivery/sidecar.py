@@ -143,9 +143,10 @@ class Sidecar:
             while self.batches.get()[0] != "eof":
                 pass
             return
-        # Two stages: this thread builds each batch (columns, the book) while the delivery
-        # thread sends the one before (gzip, HTTP, the collector's ingest): a batch the
-        # collector takes in ~50 ms is not held up by ~30 ms of building before it. One batch
+        # Two stages: this thread builds each batch (columns, the book, its JSON and gzip but
+        # for the account: records.encode_ahead) while the delivery thread sends the one
+        # before (HTTP, the collector's ingest): a batch the collector takes in ~30 ms is not
+        # held up by ~20 ms of building and encoding before it. One batch
         # waits built at most; deliveries, replays and flushes stay in order on their thread,
         # which first finds the collector (the first batch is built meanwhile).
         deliveries = threading.Thread(target=self._deliver_built, daemon=True, name="starvewatch-sidecar-delivery")
@@ -165,11 +166,12 @@ class Sidecar:
                 try:
                     self.pipeline.add_packed(header, parts)
                     payload = self.pipeline.build(header)
+                    ahead = self.pipeline.encode_ahead(payload)
                 except Exception as exc:  # never fatal, never silent: counted by the delivery thread
-                    payload, failed = None, (sum(count_steps(marshal.loads(part)) for part in parts), exc)
+                    payload, ahead, failed = None, None, (sum(count_steps(marshal.loads(part)) for part in parts), exc)
                 # The book as of this batch: the training process takes it over with the
                 # acknowledgement, and re-sends only the batches after it.
-                self.built.put(("batch", (header, payload, failed, self.pipeline.book().to_dict())))
+                self.built.put(("batch", (header, payload, ahead, failed, self.pipeline.book().to_dict())))
             elif kind == "flush":
                 self.built.put(("flush", None))
             else:
@@ -202,12 +204,12 @@ class Sidecar:
                 self.may_build.clear()
             try:
                 if kind == "batch":
-                    header, payload, failed, book = body
+                    header, payload, ahead, failed, book = body
                     if failed is not None:
                         self._lost(*failed)
                     if payload is not None:
                         try:
-                            self.pipeline.deliver_built(payload, header, self.flush_deadline)
+                            self.pipeline.deliver_built(payload, header, self.flush_deadline, ahead)
                         except Exception as exc:  # never fatal, never silent: the records are counted
                             self._lost(len(payload["steps"]["step"]), exc)
                     # The book and the account first: the training process takes them over
