@@ -84,6 +84,14 @@ def _split_constant(batch) -> tuple[dict, dict]:
     return constants, varying
 
 
+def _ints(name: str, constants: dict, varying: dict, n: int) -> np.ndarray:
+    """A step column as int64, None as 0; a constant one filled in, not read value by value."""
+    if name in constants:
+        return np.full(n, constants[name] or 0, dtype=np.int64)
+    values = varying[name]
+    return np.asarray([v or 0 for v in values] if name in _NULLABLE else values, dtype=np.int64)
+
+
 def insert_steps(w, batch, stats_for: Callable[..., RecordStats],
                  save_stats: Callable[..., None]) -> None:
     """Store a batch's step records (inside the ingest's transaction): the rows, their block,
@@ -109,16 +117,9 @@ def insert_steps(w, batch, stats_for: Callable[..., RecordStats],
         groups = {}
         for i, name in enumerate(s.loader):
             groups.setdefault(name, []).append(i)
-
-    def ints(name: str) -> np.ndarray:
-        """A step column as int64, None as 0; a constant one filled in, not read value by value."""
-        if name in constants:
-            return np.full(n, constants[name] or 0, dtype=np.int64)
-        values = varying[name]
-        return np.asarray([v or 0 for v in values] if name in _NULLABLE else values, dtype=np.int64)
-
-    start, wait, compute, other, epoch, size, gpu = map(ints, ("start_ns", "wait_ns", "compute_ns", "other_ns",
-                                                               "epoch", "batch_size", "gpu_idle_ns"))
+    start, wait, compute, other, epoch, size, gpu = (
+        _ints(name, constants, varying, n)
+        for name in ("start_ns", "wait_ns", "compute_ns", "other_ns", "epoch", "batch_size", "gpu_idle_ns"))
     gpu_known = np.full(n, constants["gpu_idle_ns"] is not None) if "gpu_idle_ns" in constants else \
         np.asarray([g is not None for g in s.gpu_idle_ns], dtype=bool)
     for name, idx in groups.items():
