@@ -7,21 +7,37 @@ run is summarised from a few hundred buckets instead of a scan of every row.
 from __future__ import annotations
 
 import math
+import sys
+import threading
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-_NUMPY = None
+_NUMPY = None  # numpy once imported; False when it is not installed
+_numpy_import: threading.Thread | None = None
 
 
 def _numpy():
-    global _NUMPY
-    if _NUMPY is None:
-        try:
-            import numpy
-            _NUMPY = numpy
-        except ImportError:  # pragma: no cover - numpy is optional
-            _NUMPY = False
+    """numpy for the vectorized paths, once imported. Imported here first, it is imported on a
+    thread and this answers None until then: its ~0.1 s of CPU at a sidecar's start held up
+    the run's first batch (issue 41), whose values now go the C-level way meanwhile, into
+    the same buckets."""
+    global _numpy_import
+    if _NUMPY is None and _numpy_import is None:
+        if "numpy" in sys.modules:  # imported by the process already (the collector): at once
+            _import_numpy()
+        else:
+            _numpy_import = threading.Thread(target=_import_numpy, name="starvewatch-numpy-import", daemon=True)
+            _numpy_import.start()
     return _NUMPY or None
+
+
+def _import_numpy() -> None:
+    global _NUMPY
+    try:
+        import numpy
+        _NUMPY = numpy
+    except ImportError:  # pragma: no cover - numpy is optional
+        _NUMPY = False
 
 # Log-linear buckets: 32 per power of two (bucket width at most 1/32 of its value, so a
 # quantile is within 1.6%). Computed with frexp, exact for integers below 2**53, so the

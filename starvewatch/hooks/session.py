@@ -635,6 +635,11 @@ def finish(*, quiet: bool | None = None) -> dict | None:
         if session.idle_ender is not None:
             session.idle_ender.stopped.set()
         session.ended_at = time.time()
+        # The steps go now, while the samplers take their final readings: with a sidecar that
+        # is a round trip to it, answered only once it is up (a short run ends before that),
+        # and the records would otherwise wait for it. The final cycle ships the rest with
+        # those readings.
+        session.shipper.ship_now()
         for sampler in session.samplers:
             sampler.stop()
         done = _drain_shipper(session)

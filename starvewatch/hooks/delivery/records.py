@@ -25,7 +25,9 @@ from .attribution import Attribution
 from .overlap import Lanes, split_marks
 
 _overlap_errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
-from .transport import Delivery
+from .transport import BodyAhead, Delivery
+
+LAST_FIELDS = ("drops", "delivery")  # a batch's fields set as it leaves (LocalPipeline.deliver_built)
 
 
 def with_buffer_drops(account: dict, loaders: list[dict]) -> dict:
@@ -309,12 +311,19 @@ class LocalPipeline:
             payload["worker_batches"] = shipped
         return payload
 
-    def deliver_built(self, payload: dict, header: dict, deadline: float | None = None) -> int:
-        """Deliver a batch from `build`, with the account as it stands now (every batch
-        before it settled); returns its number of step records."""
+    @staticmethod
+    def encode_ahead(payload: dict) -> BodyAhead:
+        """A batch's body from `build`, encoded but for the fields `deliver_built` sets."""
+        return BodyAhead(payload, LAST_FIELDS)
+
+    def deliver_built(self, payload: dict, header: dict, deadline: float | None = None,
+                      ahead: BodyAhead | None = None) -> int:
+        """Deliver a batch from `build` (its body from `encode_ahead`, if made), with the
+        account as it stands now (every batch before it settled); returns its number of step
+        records."""
         payload["drops"] = {**self.delivery.dropped(), **header.get("drops", {})}
         payload["delivery"] = with_buffer_drops(self.account(), header["loaders"])
-        self.delivery.deliver(payload, deadline=deadline)
+        self.delivery.deliver(payload, ahead.finish(payload) if ahead is not None else None, deadline=deadline)
         return len(payload["steps"]["step"])
 
     def add_packed(self, header: dict, parts: list[bytes]) -> None:

@@ -59,6 +59,7 @@ class ToTrainingProcess(logging.Handler):
             self.handleError(record)
 
 EOF_FLUSH_S = 5.0  # after EOF, batches still queued are sent for this long, then spooled
+BUILD_WAIT_S = 0.25  # at most this long a build waits for the delivery thread's request to go out
 
 
 class Sidecar:
@@ -78,6 +79,14 @@ class Sidecar:
         self._write_lock = threading.Lock()
         self.batches: queue.Queue = queue.Queue()
         self.built: queue.Queue = queue.Queue(maxsize=1)  # to the delivery thread (deliver_forever)
+        # Clear from the delivery thread's taking a batch until its request is written (or the
+        # batch settled otherwise): its turn for the GIL, which a build would hold meanwhile.
+        # Each of its socket and pipe calls gave the GIL up and waited up to the switch
+        # interval (5 ms) to get it back: from one batch's answer to the next one's request
+        # the collector waited 20-50 ms, against 3-5 ms once nothing was left to build
+        # (traced on end_to_end.py, issue 41).
+        self.may_build = threading.Event()
+        self.may_build.set()
         self.flush_deadline: float | None = None
         self.delivery = self.transport = self.pipeline = None
         self.delivery_settings = settings.get("delivery")
@@ -88,6 +97,8 @@ class Sidecar:
             self.delivery = Delivery(self.transport, Spool(Path(d["spool_dir"]), int(d["spool_max_bytes"])),
                                      warnings=Warnings(quiet=bool(settings.get("quiet"))))
             self.pipeline = LocalPipeline(self.delivery, int(settings["wall_offset_ns"]), vectorized=True)
+            if self.transport is not None:
+                self.transport.request_sent = self.may_build
 
     def send(self, message: dict) -> None:
         line = json.dumps(message, separators=(",", ":")) + "\n"
@@ -132,19 +143,12 @@ class Sidecar:
             while self.batches.get()[0] != "eof":
                 pass
             return
-        if self.transport is not None:
-            d = self.delivery_settings
-            found = find_collector(d["url"], Path(d["dir"]), self.transport, autostart=d["autostart"],
-                                   local_rank=int(d.get("local_rank") or 0))
-            if found == "starvewatch":
-                self.delivery.reset_backoff()
-            elif found == "other":
-                self.delivery.spool_only()
-            self.send({"kind": "collector", "found": found})
-        # Two stages: this thread builds each batch (columns, the book) while the delivery
-        # thread sends the one before (gzip, HTTP, the collector's ingest): a batch the
-        # collector takes in ~50 ms is not held up by ~30 ms of building before it. One batch
-        # waits built at most; deliveries, replays and flushes stay in order on their thread.
+        # Two stages: this thread builds each batch (columns, the book, its JSON and gzip but
+        # for the account: records.encode_ahead) while the delivery thread sends the one
+        # before (HTTP, the collector's ingest): a batch the collector takes in ~30 ms is not
+        # held up by ~20 ms of building and encoding before it. One batch
+        # waits built at most; deliveries, replays and flushes stay in order on their thread,
+        # which first finds the collector (the first batch is built meanwhile).
         deliveries = threading.Thread(target=self._deliver_built, daemon=True, name="starvewatch-sidecar-delivery")
         deliveries.start()
         while True:
@@ -156,15 +160,18 @@ class Sidecar:
                 continue
             if kind == "batch":
                 header, parts = body
+                # Built while the delivery thread waits on the collector, not while it sends.
+                self.may_build.wait(BUILD_WAIT_S)
                 failed = None
                 try:
                     self.pipeline.add_packed(header, parts)
                     payload = self.pipeline.build(header)
+                    ahead = self.pipeline.encode_ahead(payload)
                 except Exception as exc:  # never fatal, never silent: counted by the delivery thread
-                    payload, failed = None, (sum(count_steps(marshal.loads(part)) for part in parts), exc)
+                    payload, ahead, failed = None, None, (sum(count_steps(marshal.loads(part)) for part in parts), exc)
                 # The book as of this batch: the training process takes it over with the
                 # acknowledgement, and re-sends only the batches after it.
-                self.built.put(("batch", (header, payload, failed, self.pipeline.book().to_dict())))
+                self.built.put(("batch", (header, payload, ahead, failed, self.pipeline.book().to_dict())))
             elif kind == "flush":
                 self.built.put(("flush", None))
             else:
@@ -172,18 +179,37 @@ class Sidecar:
                 deliveries.join()
                 return
 
+    def _find_collector(self) -> None:
+        d = self.delivery_settings
+        try:
+            found = find_collector(d["url"], Path(d["dir"]), self.transport, autostart=d["autostart"],
+                                   local_rank=int(d.get("local_rank") or 0))
+        except Exception as exc:  # this thread must go on: the builder waits on it
+            _errors.error(f"find:{type(exc).__name__}", "starvewatch: finding the collector failed: %r", exc)
+            found = "none"
+        if found == "starvewatch":
+            self.delivery.reset_backoff()
+        elif found == "other":
+            self.delivery.spool_only()
+        self.send({"kind": "collector", "found": found})
+
     def _deliver_built(self) -> None:
-        """The delivery thread: built batches, spool replays and flushes, in order."""
+        """The delivery thread: finds the collector, then delivers built batches, spool replays
+        and flushes, in order."""
+        if self.transport is not None:
+            self._find_collector()
         while True:
             kind, body = self.built.get()
+            if kind == "batch":
+                self.may_build.clear()
             try:
                 if kind == "batch":
-                    header, payload, failed, book = body
+                    header, payload, ahead, failed, book = body
                     if failed is not None:
                         self._lost(*failed)
                     if payload is not None:
                         try:
-                            self.pipeline.deliver_built(payload, header, self.flush_deadline)
+                            self.pipeline.deliver_built(payload, header, self.flush_deadline, ahead)
                         except Exception as exc:  # never fatal, never silent: the records are counted
                             self._lost(len(payload["steps"]["step"]), exc)
                     # The book and the account first: the training process takes them over
@@ -202,6 +228,8 @@ class Sidecar:
                     return
             except Exception as exc:  # the thread goes on: the builder waits on it
                 _errors.error(f"delivery:{type(exc).__name__}", "starvewatch: sidecar delivery failed: %r", exc)
+            finally:
+                self.may_build.set()
 
     def _lost(self, records: int, exc: Exception) -> None:
         """Records the sidecar could not deliver, counted (on the delivery thread: the only

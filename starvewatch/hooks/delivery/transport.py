@@ -15,8 +15,10 @@ import json
 import logging
 import os
 import random
+import threading
 import time
 import urllib.parse
+import zlib
 from pathlib import Path
 
 from .account import SlowWatch, Warnings, drop_reason, rejected_dir
@@ -45,6 +47,39 @@ def dumps(obj) -> bytes:
     return _dumps(obj)
 
 GZIP_MIN_BYTES = 1024
+GZIP_LEVEL = 1  # the fastest: a batch's JSON shrinks ~6x
+
+
+class GzippedJSON(bytes):
+    """A body's JSON, its gzip (`gzipped`) made already (BodyAhead)."""
+
+    gzipped: bytes
+
+    def __new__(cls, data: bytes, gzipped: bytes) -> "GzippedJSON":
+        body = super().__new__(cls, data)
+        body.gzipped = gzipped
+        return body
+
+
+class BodyAhead:
+    """A batch's JSON and gzip made before it is sent, all but its last fields (the delivery
+    account, read as the batch leaves). The sidecar encodes a batch while the one before is in
+    flight; once the collector has answered, only those fields are left to encode (the whole
+    body's JSON and gzip were ~5 ms of each gap between two requests, issue 41)."""
+
+    def __init__(self, payload: dict, last: tuple[str, ...]) -> None:
+        self.last = last
+        head = dumps({k: v for k, v in payload.items() if k not in last})
+        self._head = head[:-1]  # without its closing brace
+        self._more = b"," if len(head) > 2 else b""
+        self._compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+        self._gzipped = self._compressor.compress(self._head)
+
+    def finish(self, payload: dict) -> GzippedJSON:
+        """The body of `payload` (its `last` fields as they stand now; the others as they were)."""
+        tail = self._more + b",".join(dumps(k) + b":" + dumps(payload[k]) for k in self.last) + b"}"
+        compressor = self._compressor.copy()  # the same batch may be finished again (a retry)
+        return GzippedJSON(self._head + tail, self._gzipped + compressor.compress(tail) + compressor.flush())
 
 
 class TransportError(Exception):
@@ -128,6 +163,9 @@ class HttpTransport:
         self._conn = None
         self._key: str | None = None  # require_proof()
         self._proved = False
+        # Set once each request is written, before its answer is awaited (the sidecar builds
+        # the next batch then: sidecar.py).
+        self.request_sent: threading.Event | None = None
 
     def _connection(self):
         if self._conn is None:
@@ -152,6 +190,8 @@ class HttpTransport:
                 if self._key is not None and not self._proved:
                     self._prove(conn)
                 conn.request(method, self._prefix + path, body=body, headers=all_headers)
+                if self.request_sent is not None:
+                    self.request_sent.set()
                 response = conn.getresponse()
                 # Read within a bound: whatever answers on the port cannot make training's
                 # memory grow with it (a 512 MiB answer once took a process to 1 GiB).
@@ -175,7 +215,7 @@ class HttpTransport:
         data = body if body is not None else dumps(payload)
         headers = {"Content-Type": "application/json"}
         if len(data) >= GZIP_MIN_BYTES:
-            data = gzip.compress(data, compresslevel=1)
+            data = getattr(data, "gzipped", None) or gzip.compress(data, compresslevel=GZIP_LEVEL)
             headers["Content-Encoding"] = "gzip"
         status, text = self.request("POST", self.path, data, headers)
         if status < 400:

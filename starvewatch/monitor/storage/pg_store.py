@@ -23,6 +23,7 @@ import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from itertools import repeat
 
 import orjson
 
@@ -32,7 +33,7 @@ from . import pg_dialect, pg_schema
 from .batch_records import only_records
 from .project_scope import check_run_project, filter_rows
 from .run_bounds import check_batch, check_stream_owner
-from .step_ingest import insert_steps
+from .step_ingest import ROW_COLUMNS, insert_steps
 from .store import Store
 
 log = logging.getLogger("starvewatch.store")
@@ -41,14 +42,12 @@ CHANNEL = "starvewatch_changes"
 LISTED_ROWS_S = 0.5  # how long the streams and loaders read with the runs list answer this thread
 INGEST_ATTEMPTS = 3  # a batch ended by a deadlock or a dropped partition is stored again, this many tries in all
 COPY_CHUNK_ROWS = 4096  # step rows per COPY buffer
-_STEP_COLUMNS = ("run_id", "rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
-                 "batch_size", "gpu_idle_ns", "rowid")
 
 
 class _IngestConnection(pg_dialect.Connection):
-    """The writer during one batch: step_ingest.insert_steps runs unchanged on it, its two
-    SQLite-specific statements answered the PostgreSQL way (the next rowid from a reserved
-    block; the rows by COPY)."""
+    """The writer during one batch: step_ingest.insert_steps runs unchanged on it, its
+    SQLite-specific parts done the PostgreSQL way (the next rowid from a reserved block; the
+    rows by COPY, insert_step_rows)."""
 
     def __init__(self, conn, store: "PgStore") -> None:
         super().__init__(conn)
@@ -85,16 +84,13 @@ class _IngestConnection(pg_dialect.Connection):
             return _Answer((self.block_start - 1,))
         return super().execute(sql, params)
 
-    def executemany(self, sql: str, rows):
-        if sql.startswith("INSERT INTO steps VALUES"):
-            with self.copy(f"COPY steps ({', '.join(_STEP_COLUMNS)}) FROM STDIN") as copy:
-                rows = list(_step_rows(rows))
-                for chunk in copy_text(rows, self.block_start):
-                    copy.write(chunk)
-            # A second executemany of the same batch (a multi-row INSERT's remainder) goes on after these.
-            self.block_start += len(rows)
-            return None
-        return super().executemany(sql, rows)
+    def insert_step_rows(self, constants: dict, varying: dict, n: int) -> None:
+        """step_ingest's rows (its constant and varying columns), by COPY."""
+        rows = zip(*(repeat(constants[name], n) if name in constants else varying[name] for name in ROW_COLUMNS))
+        with self.copy(f"COPY steps ({', '.join(ROW_COLUMNS)}, rowid) FROM STDIN") as copy:
+            for chunk in copy_text(rows, self.block_start):
+                copy.write(chunk)
+        self.block_start += n
 
 
 def _text(value) -> str:
@@ -125,18 +121,6 @@ def copy_text(rows, first_rowid: int, chunk_rows: int = COPY_CHUNK_ROWS):
             lines = []
     if lines:
         yield "".join(lines).encode()
-
-
-def _step_rows(params):
-    """The step rows of an `INSERT INTO steps VALUES (...), (...)` executemany, one tuple each,
-    whether each parameter set is one row or several rows' values laid flat (a multi-row INSERT)."""
-    width = len(_STEP_COLUMNS) - 1  # the SQLite columns: rowid is added here
-    for values in params:
-        if len(values) == width:
-            yield values
-        else:
-            for k in range(0, len(values), width):
-                yield values[k:k + width]
 
 
 class _Answer:

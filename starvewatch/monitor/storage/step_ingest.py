@@ -20,40 +20,76 @@ from ...stats import RecordStats
 from ..budget import rollup_bands, rollup_merge, run_rollups
 
 
-STEP_COLUMNS = 11  # of the steps table, in its order
-_ONE_ROW = "(" + ", ".join(["?"] * STEP_COLUMNS) + ")"
+# The steps table's columns, in its order.
+ROW_COLUMNS = ("run_id", "rank", "loader", "epoch", "step", "start_ns", "wait_ns", "compute_ns", "other_ns",
+               "batch_size", "gpu_idle_ns")
+# Columns that often hold one value for a whole batch: one loader and epoch, no `step()` marks
+# (other_ns 0), a fixed batch size or none, no GPU measurements. (The run and rank always do.)
+_OFTEN_CONSTANT = ("loader", "epoch", "other_ns", "batch_size", "gpu_idle_ns")
+_NULLABLE = ("batch_size", "gpu_idle_ns")
 _ROWS_PER_INSERT = 500
 
 
-def _rows_per_insert(w) -> int:
-    """Rows per multi-row INSERT: 500 (5,500 parameters) where SQLite takes that many (32,766
-    since 3.32; Python 3.11+ can ask), else within the old limit of 999 parameters."""
+def _rows_per_insert(w, constants: int, per_row: int) -> int:
+    """Rows per multi-row INSERT: 500 where SQLite takes that many parameters (32,766 since
+    3.32; Python 3.11+ can ask), else within the old limit of 999."""
     getlimit = getattr(w, "getlimit", None)
     limit = getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if getlimit is not None else 999
-    return max(1, min(_ROWS_PER_INSERT, limit // STEP_COLUMNS))
+    return max(1, min(_ROWS_PER_INSERT, (limit - constants) // per_row))
 
 
-@functools.lru_cache(maxsize=8)
-def _insert_sql(rows: int) -> str:
-    return "INSERT INTO steps VALUES " + ", ".join([_ONE_ROW] * rows)
+@functools.lru_cache(maxsize=64)
+def _insert_sql(constant: tuple[str, ...], varying: tuple[str, ...], rows: int) -> str:
+    """`rows` rows a statement; the constant columns are the parameters ?1..?k of every row."""
+    row = "(" + ", ".join([f"?{i}" for i in range(1, len(constant) + 1)] + ["?"] * len(varying)) + ")"
+    return f"INSERT INTO steps ({', '.join(constant + varying)}) VALUES " + ", ".join([row] * rows)
 
 
-def _insert_rows(w, columns: list, n: int) -> None:
-    """The step rows, from their columns, several hundred rows per statement: a statement per
-    row cost ~25% more CPU (SQLite's per-statement work and Python's per-row loop), and the
-    rows are most of a batch's ingest (issue 41). The parameters are laid out by slice
-    assignment (C-level), never a tuple per row."""
-    flat = [None] * (STEP_COLUMNS * n)
-    for i, column in enumerate(columns):
-        flat[i::STEP_COLUMNS] = column
-    per = _rows_per_insert(w)
+def _insert_rows(w, constants: dict, varying: dict, n: int) -> None:
+    """The step rows, several hundred a statement: a statement per row cost ~25% more CPU
+    (SQLite's per-statement work and Python's per-row loop). A column with one value for the
+    whole batch (`constants`) is bound once a statement, as a numbered parameter each row
+    repeats: binding every row's copy of it was half the rows' CPU (for a fast loop's
+    20,480 rows, 7 of the 11 columns: ~26 -> ~11 ms, issue 41). The other parameters are laid
+    out by slice assignment (C-level), never a tuple per row."""
+    constant, names = tuple(constants), tuple(varying)
+    values, width_row = list(constants.values()), len(names)
+    flat = [None] * (width_row * n)
+    for i, column in enumerate(varying.values()):
+        flat[i::width_row] = column
+    per = _rows_per_insert(w, len(constant), width_row)
     full = n - n % per
-    width = STEP_COLUMNS * per
+    width = width_row * per
     if full:
-        w.executemany(_insert_sql(per), (flat[i:i + width] for i in range(0, full * STEP_COLUMNS, width)))
+        w.executemany(_insert_sql(constant, names, per),
+                      (values + flat[i:i + width] for i in range(0, full * width_row, width)))
     if full < n:  # the rest a row at a time: one more statement text, not one per remainder size
-        w.executemany(_insert_sql(1), (flat[i:i + STEP_COLUMNS] for i in range(full * STEP_COLUMNS, n * STEP_COLUMNS,
-                                                                                STEP_COLUMNS)))
+        w.executemany(_insert_sql(constant, names, 1),
+                      (values + flat[i:i + width_row] for i in range(full * width_row, n * width_row, width_row)))
+
+
+def _split_constant(batch) -> tuple[dict, dict]:
+    """The batch's step columns as (constant: name -> its one value, varying: name -> column),
+    both in the table's column order."""
+    s = batch.steps
+    n = len(s)
+    constants = {"run_id": batch.run_id, "rank": batch.rank}
+    varying = {}
+    for name in ROW_COLUMNS[2:]:
+        column = getattr(s, name)
+        if name in _OFTEN_CONSTANT and column.count(column[0]) == n:
+            constants[name] = column[0]
+        else:
+            varying[name] = column
+    return constants, varying
+
+
+def _ints(name: str, constants: dict, varying: dict, n: int) -> np.ndarray:
+    """A step column as int64, None as 0; a constant one filled in, not read value by value."""
+    if name in constants:
+        return np.full(n, constants[name] or 0, dtype=np.int64)
+    values = varying[name]
+    return np.asarray([v or 0 for v in values] if name in _NULLABLE else values, dtype=np.int64)
 
 
 def insert_steps(w, batch, stats_for: Callable[..., RecordStats],
@@ -63,27 +99,29 @@ def insert_steps(w, batch, stats_for: Callable[..., RecordStats],
     (`stats_for(w, run_id, stream, loader)` gives the cached ones, `save_stats` writes them)."""
     s = batch.steps
     n = len(s)
-    rid, rank = batch.run_id, batch.rank
+    rid = batch.run_id
     first = (w.execute("SELECT max(rowid) FROM steps").fetchone()[0] or 0) + 1
-    _insert_rows(w, [[rid] * n, [rank] * n, s.loader, s.epoch, s.step, s.start_ns, s.wait_ns, s.compute_ns,
-                     s.other_ns, s.batch_size, s.gpu_idle_ns], n)
+    constants, varying = _split_constant(batch)
+    # A writer with its own way with step rows (PostgreSQL's COPY: pg_store.py) has insert_step_rows.
+    write_rows = getattr(w, "insert_step_rows", None)
+    if write_rows is not None:
+        write_rows(constants, varying, n)
+    else:
+        _insert_rows(w, constants, varying, n)
     w.execute("INSERT INTO step_blocks VALUES (?, ?, ?)", (rid, first, first + n - 1))
     # Per-second rollups and per-loader statistics, kept as the data arrives (numpy: a
     # 20,000-record batch costs a few milliseconds here).
-    names = list(s.loader)
-    groups = {names[0]: None} if names.count(names[0]) == n else None
-    if groups is None:
+    if "loader" in constants:
+        groups = {constants["loader"]: None}
+    else:
         groups = {}
-        for i, name in enumerate(names):
+        for i, name in enumerate(s.loader):
             groups.setdefault(name, []).append(i)
-    start = np.asarray(s.start_ns, dtype=np.int64)
-    wait = np.asarray(s.wait_ns, dtype=np.int64)
-    compute = np.asarray(s.compute_ns, dtype=np.int64)
-    other = np.asarray(s.other_ns, dtype=np.int64)
-    epoch = np.asarray(s.epoch, dtype=np.int64)
-    size = np.asarray([b or 0 for b in s.batch_size], dtype=np.int64)
-    gpu_known = np.asarray([g is not None for g in s.gpu_idle_ns], dtype=bool)
-    gpu = np.asarray([g or 0 for g in s.gpu_idle_ns], dtype=np.int64)
+    start, wait, compute, other, epoch, size, gpu = (
+        _ints(name, constants, varying, n)
+        for name in ("start_ns", "wait_ns", "compute_ns", "other_ns", "epoch", "batch_size", "gpu_idle_ns"))
+    gpu_known = np.full(n, constants["gpu_idle_ns"] is not None) if "gpu_idle_ns" in constants else \
+        np.asarray([g is not None for g in s.gpu_idle_ns], dtype=bool)
     for name, idx in groups.items():
         pick = (lambda col: col) if idx is None else (lambda col: [col[i] for i in idx])
         sel = slice(None) if idx is None else np.asarray(idx)
