@@ -87,6 +87,13 @@ def _source_options(p) -> None:
     p.add_argument("--dir", help="data directory for the offline fallback (default STARVEWATCH_DIR)")
 
 
+def _store_options(p, database_url_help: str) -> None:
+    """Which store a writing command opens, as `serve` does: --dir, --db or --database-url."""
+    p.add_argument("--dir", help="data directory holding the database")
+    p.add_argument("--db", help="SQLite file (default STARVEWATCH_DIR/starvewatch.db)")
+    p.add_argument("--database-url", metavar="URL", help=f"{database_url_help} (default STARVEWATCH_DATABASE_URL)")
+
+
 def build_parser(commands: dict[str, Callable[..., int]]) -> argparse.ArgumentParser:
     """The parser; each command's parsed arguments carry `func`, its function in `commands`
     (command name -> function of the parsed arguments, returning the exit code)."""
@@ -174,10 +181,7 @@ def _add_stop(sub, commands: dict[str, Callable[..., int]]) -> None:
 def _add_import(sub, commands: dict[str, Callable[..., int]]) -> None:
     imp = sub.add_parser("import", help="ingest a spool directory taken from elsewhere")
     imp.add_argument("source", help="a STARVEWATCH_DIR or its spool/ directory")
-    imp.add_argument("--dir", help="data directory holding the database")
-    imp.add_argument("--db", help="SQLite file (default STARVEWATCH_DIR/starvewatch.db)")
-    imp.add_argument("--database-url", metavar="URL", help="import into this PostgreSQL database instead "
-                     "(default STARVEWATCH_DATABASE_URL)")
+    _store_options(imp, "import into this PostgreSQL database instead")
     imp.add_argument("--delete", action="store_true", help="delete the spool files once imported")
     imp.set_defaults(func=commands["import"])
 
@@ -246,10 +250,7 @@ def _add_doctor(sub, commands: dict[str, Callable[..., int]]) -> None:
 
 def _add_token(sub, commands: dict[str, Callable[..., int]]) -> None:
     tok = sub.add_parser("token", help="project tokens: create, list, revoke (docs/security.md)")
-    tok.add_argument("--dir", help="data directory holding the database")
-    tok.add_argument("--db", help="SQLite file (default STARVEWATCH_DIR/starvewatch.db)")
-    tok.add_argument("--database-url", metavar="URL", help="the collector's PostgreSQL database "
-                     "(default STARVEWATCH_DATABASE_URL)")
+    _store_options(tok, "the collector's PostgreSQL database")
     what = tok.add_subparsers(dest="token_command", metavar="create|list|revoke", required=True)
     create = what.add_parser("create", help="a new token for a project and a role; printed once")
     create.add_argument("--project", action="append", required=True,
