@@ -137,7 +137,7 @@ NOT_IN_ANALYSIS = {"fastapi", "starlette", "dash", "sqlite3", "uvicorn", "plotly
 
 
 def room_of(module: str) -> str:
-    if module in ENTRY_POINTS:
+    if module in ENTRY_POINTS or _in(module, f"{PACKAGE}.cli"):  # the command line's package, whole
         return "entry"
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in ROOMS else "leaf"
@@ -206,7 +206,7 @@ def test_the_collector_knows_no_ui():
                    for target in targets if _in(target, "starvewatch.dashboard"))
     assert edges == []
     # ... and the dashboard is still composed onto it, by the entry point that serves it
-    assert "starvewatch.dashboard" in graph["starvewatch.cli"]
+    assert "starvewatch.dashboard" in graph["starvewatch.cli.collector_commands"]
 
 
 def test_the_hot_path_imports_nothing_of_the_session_or_of_delivery():

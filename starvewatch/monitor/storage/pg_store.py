@@ -27,13 +27,11 @@ from itertools import repeat
 
 import orjson
 
-from ...batch_parts import uncovered
 from ...stats import RecordStats
 from . import pg_dialect, pg_schema
-from .batch_records import only_records
-from .project_scope import check_run_project, filter_rows
-from .run_bounds import check_batch, check_stream_owner
+from .project_scope import filter_rows
 from .step_ingest import ROW_COLUMNS, insert_steps
+from .stream_writes import claim_records, upsert_stream
 from .store import Store
 
 log = logging.getLogger("starvewatch.store")
@@ -337,34 +335,14 @@ class PgStore(Store):
         raw = self._writer_raw
         # One collector at a time per stream: a batch sent to two collectors is stored once.
         raw.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (batch.stream,))
-        check_stream_owner(w, batch)
-        check_run_project(w, batch.run_id, projects)
-        stored = raw.execute('SELECT first, "end" FROM seen WHERE stream = %s AND seq = %s',
-                             (batch.stream, batch.seq)).fetchall()
-        todo = uncovered(first, end, stored) if end > first else ([] if stored else [(first, end)])
-        if not todo:
-            w.pipeline_off()
-            return False
         # (Ranks of one run stored by two collectors at once may each pass the rank bound by one:
         # the bounds guard the views' cost, which one rank more does not change.)
-        check_batch(w, batch)
-        raw.execute("INSERT INTO seen VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    (batch.stream, batch.seq, first, end))
-        if todo != [(first, end)]:
-            batch = only_records(batch, first, todo)
-        delivery = None if batch.delivery is None else orjson.dumps(
-            {"seq": batch.seq, **batch.delivery.model_dump()}).decode()
-        raw.execute(
-            "INSERT INTO streams (stream, run_id, rank, last_seq, last_seen, finished, drops, delivery) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT(stream) DO UPDATE SET "
-            "last_seq = GREATEST(streams.last_seq, excluded.last_seq), last_seen = excluded.last_seen, "
-            "finished = GREATEST(streams.finished, excluded.finished), drops = CASE WHEN "
-            "excluded.last_seq >= streams.last_seq THEN excluded.drops ELSE streams.drops END, "
-            "delivery = CASE WHEN excluded.delivery IS NOT NULL AND (streams.delivery IS NULL OR "
-            "(excluded.delivery::jsonb->>'seq')::bigint >= (streams.delivery::jsonb->>'seq')::bigint) "
-            "THEN excluded.delivery ELSE streams.delivery END",
-            (batch.stream, batch.run_id, batch.rank, batch.seq, now,
-             1 if batch.status == "finished" else 0, orjson.dumps(batch.drops).decode(), delivery))
+        claimed = claim_records(w, raw.execute, "postgresql", batch, first, end, projects)
+        if claimed is None:
+            w.pipeline_off()
+            return False
+        batch, _ = claimed
+        upsert_stream(raw.execute, "postgresql", batch, now)
         if len(batch.steps):
             insert_steps(w, batch, self._stats, self._save_stats)
         for loader in batch.loaders:

@@ -6,7 +6,8 @@ arrives, so summaries and long-range views never scan every step row.
 
 This module is the store's connections, its ingest transaction and its reads; the tables and
 their migration are in store_schema.py, the writing of a batch's steps (rows, rollups,
-statistics) in step_ingest.py, the part of a replayed batch not stored yet in batch_records.py.
+statistics) in step_ingest.py, a batch's claim in `seen` and its `streams` row (shared with the
+PostgreSQL store) in stream_writes.py, the part of a replayed batch not stored yet in batch_records.py.
 """
 from __future__ import annotations
 
@@ -20,15 +21,14 @@ from pathlib import Path
 
 import orjson
 
-from ...batch_parts import uncovered
 from ...private_files import FILE_MODE, make_private_dirs
 from ...stats import LoaderTotals, RecordStats
 from . import database_file
 from ..budget import retention, rollup_bands, run_rollups
-from .batch_records import only_records
 from .project_scope import check_run_project, filter_rows, visible
-from .run_bounds import check_batch, check_stream_owner, check_tuning
+from .run_bounds import check_tuning
 from .step_ingest import insert_steps
+from .stream_writes import claim_records, upsert_stream
 from .store_schema import DDL, SCHEMA_VERSION, migrate_tables
 from .write_transaction import immediate_transaction
 
@@ -103,34 +103,14 @@ class Store:
             w = self._writer
             w.execute("BEGIN IMMEDIATE")
             try:
-                check_stream_owner(w, batch)  # run_bounds.py: a stream id is its run's
-                check_run_project(w, batch.run_id, projects)  # before the replay check: 403, never "duplicate"
-                stored = w.execute("SELECT first, end FROM seen WHERE stream = ? AND seq = ?",
-                                   (batch.stream, batch.seq)).fetchall()
-                todo = uncovered(first, end, stored) if end > first else ([] if stored else [(first, end)])
-                if not todo:  # a replay: every record of it is stored already
+                claimed = claim_records(w, w.execute, "sqlite", batch, first, end, projects)
+                if claimed is None:  # a replay: every record of it is stored already
                     w.execute("ROLLBACK")
                     return False
-                check_batch(w, batch)  # run_bounds.py: what one run may hold (refused whole, 422)
-                w.execute("INSERT OR IGNORE INTO seen VALUES (?, ?, ?, ?)", (batch.stream, batch.seq, first, end))
-                if todo != [(first, end)]:  # split differently before: only the records not stored yet
-                    batch = only_records(batch, first, todo)
+                batch, stored = claimed
                 steps = batch.steps
                 self._upsert_run(w, batch, now, projects)
-                # A replayed batch carries an older account: the highest sequence number wins.
-                delivery = None if batch.delivery is None else orjson.dumps(
-                    {"seq": batch.seq, **batch.delivery.model_dump()}).decode()
-                w.execute(
-                    "INSERT INTO streams (stream, run_id, rank, last_seq, last_seen, finished, drops, delivery) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(stream) DO UPDATE SET "
-                    "last_seq = max(last_seq, excluded.last_seq), last_seen = excluded.last_seen, "
-                    "finished = max(finished, excluded.finished), drops = CASE WHEN excluded.last_seq >= "
-                    "last_seq THEN excluded.drops ELSE drops END, "
-                    "delivery = CASE WHEN excluded.delivery IS NOT NULL AND (delivery IS NULL OR "
-                    "json_extract(excluded.delivery, '$.seq') >= json_extract(delivery, '$.seq')) "
-                    "THEN excluded.delivery ELSE delivery END",
-                    (batch.stream, batch.run_id, batch.rank, batch.seq, now,
-                     1 if batch.status == "finished" else 0, orjson.dumps(batch.drops).decode(), delivery))
+                upsert_stream(w.execute, "sqlite", batch, now)
                 if len(steps):
                     insert_steps(w, batch, self._stats, self._save_stats)
                 for loader in batch.loaders:

@@ -91,9 +91,9 @@ async def read_json_body(request: Request, settings: CollectorSettings) -> bytes
 def create_app(settings: CollectorSettings | None = None, *,
                ui: Callable[[FastAPI, CollectorSettings], None] | None = None) -> FastAPI:
     """The collector: ingest, API, /metrics. It knows no UI: `ui`, when given, mounts pages on
-    the app (the dashboard, composed by `starvewatch serve` in cli.py) before the guard wraps
-    everything, so the guard sees the UI's requests too. The routes come in groups, one
-    function each; `state` holds what the lifespan opened (store, query, importer)."""
+    the app (the dashboard, composed by `starvewatch serve` in cli/collector_commands.py) before
+    the guard wraps everything, so the guard sees the UI's requests too. The routes come in
+    groups, one function each; `state` holds what the lifespan opened (store, query, importer)."""
     settings = settings or CollectorSettings()
     settings.check()
     state: dict = {}
