@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import warnings
 import weakref
 from time import perf_counter_ns as _now
 
@@ -105,7 +106,11 @@ class LoaderTuner:
 
     def _start(self, twin, times):
         try:
-            it = iter(twin)
+            with warnings.catch_warnings():
+                # torch's "suggested max number of worker" warning: loading that waits was given
+                # more workers than cores on purpose (the bounds), the user did not ask for them
+                warnings.filterwarnings("ignore", message="This DataLoader will create")
+                it = iter(twin)
         except Exception as exc:
             it = self.failed(exc, None)
         self.epoch_iter = weakref.ref(it) if _weakrefable(it) else None
@@ -336,7 +341,8 @@ def _wall_ns() -> int:
 
 
 def _short(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc)[:160]}"
+    first = (str(exc).strip().splitlines() or [""])[0]  # one console line (torch's carry a traceback)
+    return f"{type(exc).__name__}: {first[:160]}"
 
 
 def _changes(good: dict, tried: dict) -> str:

@@ -281,6 +281,11 @@ class Session:
         history = [event for sampler in self.samplers for event in sampler.history]
         summary = summarize(run, loaders, stalls=self.stalls, system=overview(history, rank=self.rank),
                             worker_events=[e for kind, e in history if kind == "workers"])
+        tuners = [s.tuner for s in self.loader_list if s.tuner is not None]
+        if tuners:  # live tuning: its windows and decisions, each loader's start, final and gain
+            from ..analysis.live_tuning import SCHEMA
+            summary["tuning"] = {"schema": SCHEMA, "records": list(self.tuning_records),
+                                 "loaders": [o for o in (t.outcome() for t in tuners) if o is not None]}
         # Where every step record went: acknowledged + spooled + dropped = the steps run.
         summary["delivery"] = add_accounts(with_buffer_drops(shipper.pipeline.account(),
                                                              [s.describe(s.totals) for s in self.loader_list]),

@@ -1,0 +1,209 @@
+"""Live tuning (issue 39): the pure decisions, and the tuner on real DataLoader workers: no sample
+lost or doubled across 0 -> N, N -> M and a revert, the user's RNG stream untouched, a change
+that fails reverted without an exception, and a starved loop that ends with more workers."""
+import time
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+import starvewatch
+from starvewatch.analysis import live_tuning
+from starvewatch.hooks import loader as sw_loader
+from starvewatch.hooks import session as sw_session
+
+
+def _figures(mean_ms: float, sd_ms: float = 0.5, steps: int = 32) -> dict:
+    return {"step_time": {"mean_ms": mean_ms, "sd_ms": sd_ms, "steps": steps, "samples_per_step": 4}}
+
+
+def _bounds(**kw):
+    return live_tuning.bounds_for(kw.pop("cores", 4), **kw)
+
+
+# ---- the pure decisions ----------------------------------------------------------------------
+
+def test_a_change_beyond_noise_is_kept_and_one_within_it_reverted():
+    plan = live_tuning.TuningPlan({"num_workers": 0}, _bounds())
+    first = plan.window_done(_figures(50))
+    assert first["decision"] == "measured" and first["next"]["num_workers"] == 2
+    assert first["next"]["prefetch_factor"] == 2  # 0 -> N gets its prefetch_factor
+    kept = plan.window_done(_figures(25))  # twice as fast: beyond the interval's noise floor
+    assert kept["decision"] == "kept" and plan.current["num_workers"] == 2
+    assert kept["next"]["num_workers"] == 4
+    within = plan.window_done(_figures(24))  # 4% faster: within the run-to-run floor
+    assert within["decision"] == "reverted" and plan.current["num_workers"] == 2
+    slower = plan.window_done(_figures(40))  # the next candidate (prefetch 4) is slower
+    assert slower["decision"] == "slower_reverted" and plan.current["prefetch_factor"] == 2
+    while not plan.done:
+        plan.window_done(_figures(25))
+    out = plan.outcome()
+    assert out["start"]["num_workers"] == 0 and out["final"]["num_workers"] == 2
+    assert out["gain"]["low"] > 1.0 and out["stopped"] == "no candidate left"
+
+
+def test_bounds_cores_memory_and_iterable_datasets():
+    # CPU-bound: never more workers than usable cores
+    assert all(c["num_workers"] <= 2 for c in live_tuning.candidates({"num_workers": 2}, _bounds(cores=2)))
+    # waiting loading: beyond the cores, but within memory (the advice model's budget)
+    most = live_tuning.memory_workers("train", {"num_workers": 2}, 1 << 30,
+                                      {"mem_available_min_bytes": 2 << 30})
+    assert most == 3  # 0.8 x (2 GiB free + 2 x 1 GiB held) / 1 GiB
+    cands = live_tuning.candidates({"num_workers": 2},
+                                   _bounds(cores=2, loading_waits=True, memory_most=most))
+    assert [c["num_workers"] for c in cands][0] == 3
+    # an IterableDataset: never 0 -> N; N -> M only where the workers shard
+    assert live_tuning.candidates({"num_workers": 0}, _bounds(iterable=True, shards_by_worker=True)) == []
+    assert {c["num_workers"] for c in live_tuning.candidates({"num_workers": 1}, _bounds(iterable=True))} == {1}
+    assert 2 in {c["num_workers"] for c in live_tuning.candidates(
+        {"num_workers": 1}, _bounds(iterable=True, shards_by_worker=True))}
+
+
+def test_advice_goes_first_and_in_order_only_from_advice():
+    advice = [{"parameter": "in_order", "suggested": False, "kind": "speedup"},
+              {"parameter": "num_workers", "suggested": 99, "kind": "speedup"}]  # past the cores: dropped
+    cands = live_tuning.candidates({"num_workers": 2}, _bounds(cores=4), advice)
+    assert cands[0]["in_order"] is False and all(c["num_workers"] <= 4 for c in cands)
+    assert all(c["in_order"] for c in live_tuning.candidates({"num_workers": 2}, _bounds(cores=4)))
+
+
+# ---- the tuner on real workers ---------------------------------------------------------------
+
+class Indices(Dataset):
+    def __init__(self, n: int = 64, sleep_s: float = 0.0) -> None:
+        self.n, self.sleep_s = n, sleep_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return i
+
+
+def _epochs(loader, n: int, step_s: float = 0.0) -> list[list[int]]:
+    out = []
+    for _ in range(n):
+        seen = []
+        for batch in loader:
+            seen += batch.tolist()
+            if step_s:
+                time.sleep(step_s)
+        out.append(seen)
+    return out
+
+
+def _tuner(loader):
+    return type(loader)._starvewatch_tuner
+
+
+def _forced(monkeypatch, low: float, high: float) -> None:
+    """Every trial's interval fixed: these tests are about applying decisions, not making them."""
+    monkeypatch.setattr(live_tuning, "speedup_interval",
+                        lambda a, b: {"speedup": (low + high) / 2, "low": low, "high": high, "basis": "samples/s"})
+
+
+def test_tuned_epochs_hold_every_sample_once_through_0_to_n_n_to_m_and_persistent(memory_run, monkeypatch):
+    _forced(monkeypatch, 1.5, 2.0)  # every change kept
+    monkeypatch.setattr("starvewatch.cpus.usable_cores", lambda *a, **k: 3)
+    loader = starvewatch.watch(DataLoader(Indices(), batch_size=4, shuffle=True), tune=True)
+    epochs = _epochs(loader, 6)
+    tuner = _tuner(loader)
+    used = [r["config"]["num_workers"] for r in tuner.records]
+    assert used[:3] == [0, 2, 3], tuner.records  # 0 -> 2, then 2 -> 3 (the cores' bound)
+    assert any(r["config"]["persistent_workers"] for r in tuner.records)
+    for seen in epochs:
+        assert Counter(seen) == Counter(range(64))
+    assert isinstance(loader, DataLoader) and loader.num_workers == 0  # the user's object as it was
+    summary = starvewatch.finish()
+    assert summary["tuning"]["loaders"][0]["final"]["num_workers"] == 3
+    assert summary["tuning"]["records"] and sw_session.current_session() is not None
+
+
+def test_a_reverted_change_loses_no_sample(memory_run, monkeypatch):
+    _forced(monkeypatch, 0.5, 0.8)  # every change slower: reverted
+    loader = starvewatch.watch(DataLoader(Indices(), batch_size=4, num_workers=1), tune=True)
+    epochs = _epochs(loader, 4)
+    tuner = _tuner(loader)
+    decisions = [r["decision"] for r in tuner.records]
+    assert decisions[0] == "measured" and decisions[1] == "slower_reverted"
+    assert tuner.twin_config["num_workers"] == 1 and tuner.plan.current["num_workers"] == 1
+    for seen in epochs:
+        assert sorted(seen) == list(range(64))  # (in_order: the same order as well)
+
+
+def test_tuning_leaves_the_users_random_stream_as_it_was(memory_run, monkeypatch):
+    _forced(monkeypatch, 1.5, 2.0)  # 0 -> 2 workers, then persistent ones: other draws if unguarded
+
+    def run(tune: bool) -> tuple[list, torch.Tensor]:
+        torch.manual_seed(1234)
+        loader = starvewatch.watch(DataLoader(Indices(), batch_size=4, shuffle=True), f"l{tune}", tune=tune)
+        seen = _epochs(loader, 5)
+        return seen, torch.rand(4)
+
+    untuned_order, untuned_after = run(False)
+    tuned_order, tuned_after = run(True)
+    assert torch.equal(untuned_after, tuned_after)
+    assert tuned_order == untuned_order  # the sampler drew the same permutations
+
+
+def _fail_in_workers(worker_id):
+    raise RuntimeError("this worker cannot start")
+
+
+def test_a_change_that_fails_is_reverted_with_one_line_and_no_exception(memory_run, monkeypatch, capsys):
+    monkeypatch.setattr(memory_run[0].settings, "quiet", False)
+    loader = starvewatch.watch(DataLoader(Indices(), batch_size=4, worker_init_fn=_fail_in_workers),
+                               tune=True)
+    epochs = _epochs(loader, 4)  # window 1 at 0 workers, then 0 -> 2 fails at its first batch
+    tuner = _tuner(loader)
+    assert tuner.disabled and tuner.twin_config["num_workers"] == 0
+    assert [r["decision"] for r in tuner.records][-1] == "disabled"
+    for seen in epochs:
+        assert sorted(seen) == list(range(64))
+    lines = [l for l in capsys.readouterr().err.splitlines() if "tuning 'train'" in l]
+    assert len(lines) == 1 and "reverted and off" in lines[0] and "num_workers 0 -> 2" in lines[0]
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(64))
+
+
+def test_an_iterable_dataset_is_never_taken_from_0_to_n_workers(memory_run, monkeypatch):
+    _forced(monkeypatch, 1.5, 2.0)
+    loader = starvewatch.watch(DataLoader(Stream(), batch_size=4), tune=True)
+    epochs = _epochs(loader, 3)
+    assert _tuner(loader).plan.done and _tuner(loader).twin_config["num_workers"] == 0
+    for seen in epochs:
+        assert sorted(seen) == list(range(64))
+
+
+def test_the_untuned_class_is_the_plain_one(memory_run):
+    plain = starvewatch.watch(DataLoader(Indices(), batch_size=4), "plain")
+    assert type(plain)._starvewatch_tuner is None
+    assert type(plain).__iter__.__code__ is sw_loader.watched_dataloader_class(DataLoader, None).__iter__.__code__
+
+
+def test_a_starved_loop_ends_with_more_workers_and_faster(memory_run):
+    """Sleeps in __getitem__ (I/O-like latency) and in the step: 0 workers is starved. Timed on
+    the test's own clock, with a wide margin (sleeps overlap even on a loaded machine)."""
+    loader = starvewatch.watch(DataLoader(Indices(48, sleep_s=0.01), batch_size=4), tune=True)
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        _epochs(loader, 1, step_s=0.004)
+        times.append(time.perf_counter() - t0)
+    tuner = _tuner(loader)
+    assert tuner.plan.current["num_workers"] >= 2
+    assert "kept" in [r["decision"] for r in tuner.records]
+    assert min(times[2:]) < 0.75 * times[0], times
+
+
+@pytest.mark.parametrize("value,expected", [("1", True), ("0", False), ("maybe", False)])
+def test_starvewatch_tune_reads_as_a_flag(monkeypatch, value, expected):
+    from starvewatch.hooks.settings import HookSettings
+    monkeypatch.setenv("STARVEWATCH_TUNE", value)
+    assert HookSettings.from_env().tune is expected
