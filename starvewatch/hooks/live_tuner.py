@@ -123,7 +123,16 @@ class LoaderTuner:
             return self.plan.current
         return self.plan.config()
 
-    def _close_window(self) -> None:
+    def close_at_end(self) -> None:
+        """The run ends (finish()): the open window is decided on what it holds, so that the
+        last configuration tried is judged (and the summary's final one is a measured one)."""
+        try:
+            with self.lock:
+                self._close_window(final=True)
+        except Exception as exc:  # the summary goes on without the last decision
+            log.warning("starvewatch: tuning %r: last window: %s", self.state.name, _short(exc))
+
+    def _close_window(self, final: bool = False) -> None:
         times, self.times = self.times, None
         if times and len(times) > 2:
             steps = [b - a for a, b in zip(times[1:], times[2:])]
@@ -133,7 +142,7 @@ class LoaderTuner:
         if self.plan is None or self.disabled or self.plan.done:
             self.window = []
             return
-        if len(self.window) < live_tuning.MIN_WINDOW_STEPS:
+        if len(self.window) < (2 if final else live_tuning.MIN_WINDOW_STEPS):
             return
         steps, self.window = self.window, []
         if self._stall_open():  # no decision on a window a stall ran through: measured again

@@ -283,6 +283,8 @@ class Session:
                             worker_events=[e for kind, e in history if kind == "workers"])
         tuners = [s.tuner for s in self.loader_list if s.tuner is not None]
         if tuners:  # live tuning: its windows and decisions, each loader's start, final and gain
+            for tuner in tuners:
+                tuner.close_at_end()
             from ..analysis.live_tuning import SCHEMA
             summary["tuning"] = {"schema": SCHEMA, "records": list(self.tuning_records),
                                  "loaders": [o for o in (t.outcome() for t in tuners) if o is not None]}
