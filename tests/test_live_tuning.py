@@ -207,3 +207,33 @@ def test_starvewatch_tune_reads_as_a_flag(monkeypatch, value, expected):
     from starvewatch.hooks.settings import HookSettings
     monkeypatch.setenv("STARVEWATCH_TUNE", value)
     assert HookSettings.from_env().tune is expected
+
+
+def test_the_summary_and_report_give_start_final_gain_and_the_line_to_copy(memory_run, monkeypatch):
+    from starvewatch.hooks.report import format_report
+    _forced(monkeypatch, 1.5, 2.0)
+    monkeypatch.setattr("starvewatch.cpus.usable_cores", lambda *a, **k: 2)
+    loader = starvewatch.watch(DataLoader(Indices(), batch_size=4, shuffle=True), tune=True)
+    _epochs(loader, 3)
+    summary = starvewatch.finish()
+    (outcome,) = summary["tuning"]["loaders"]
+    assert outcome["start"]["num_workers"] == 0 and outcome["final"]["num_workers"] == 2
+    assert outcome["gain"]["low"] == 1.5
+    assert "num_workers=2" in outcome["line"] and "shuffle=True" in outcome["line"]
+    text = format_report(summary)
+    assert "tuned train: num_workers 0 -> 2" in text and outcome["line"] in text
+
+
+def test_a_loader_rebuilt_every_epoch_gets_the_found_configuration(memory_run, monkeypatch):
+    _forced(monkeypatch, 1.5, 2.0)
+    monkeypatch.setattr("starvewatch.cpus.usable_cores", lambda *a, **k: 2)
+    ds = Indices()
+    seen_workers = []
+    for _ in range(4):
+        loader = starvewatch.watch(DataLoader(ds, batch_size=4), tune=True)  # one call site, one dataset
+        (seen,) = _epochs(loader, 1)
+        assert sorted(seen) == list(range(64))
+        seen_workers.append(_tuner(loader).twin_config["num_workers"])
+        assert loader.num_workers == 0
+    assert seen_workers[:2] == [0, 2] and seen_workers[-1] == 2
+    assert sw_session.current_session() is memory_run[0]  # never a new run, as a re-watch with other settings

@@ -223,3 +223,26 @@ def _rounded(d):
     if isinstance(d, float):
         return round(d, 4)
     return d
+
+
+def found_line(config: dict | None, outcome: dict, loader: str) -> str | None:
+    """The line to copy with the found configuration (analysis/snippet.py), or None when
+    tuning kept the start."""
+    from .snippet import snippet
+    start, final = outcome["start"], outcome["final"]
+    recs = [{"loader": loader, "parameter": k, "suggested": final[k]} for k in TUNED_KEYS
+            if final.get(k) != start.get(k)]
+    return snippet(config, recs, loader) if recs else None
+
+
+def outcome_text(outcome: dict) -> str:
+    """One report line: start -> final and the measured gain."""
+    changed = [f"{k} {outcome['start'].get(k)!r} -> {outcome['final'].get(k)!r}" for k in TUNED_KEYS
+               if outcome["final"].get(k) != outcome["start"].get(k)]
+    gain = outcome.get("gain")
+    measured = (f": {gain['speedup']:.2f}x [{gain['low']:.2f}, {gain['high']:.2f}] {gain['basis']}"
+                if gain else "")
+    what = ", ".join(changed) if changed else "kept its configuration"
+    off = f" (then off: {outcome['disabled']})" if outcome.get("disabled") else ""
+    return f"tuned {outcome['loader']}: {what}{measured} over {outcome['windows']} windows{off}"
+

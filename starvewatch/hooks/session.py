@@ -286,8 +286,14 @@ class Session:
             for tuner in tuners:
                 tuner.close_at_end()
             from ..analysis.live_tuning import SCHEMA
-            summary["tuning"] = {"schema": SCHEMA, "records": list(self.tuning_records),
-                                 "loaders": [o for o in (t.outcome() for t in tuners) if o is not None]}
+            from ..analysis.live_tuning import found_line
+            outcomes = []
+            for tuner in tuners:
+                out = tuner.outcome()
+                if out is not None:  # the line to copy gives the found configuration
+                    out["line"] = found_line(tuner.state.config, out, tuner.state.name)
+                    outcomes.append(out)
+            summary["tuning"] = {"schema": SCHEMA, "records": list(self.tuning_records), "loaders": outcomes}
         # Where every step record went: acknowledged + spooled + dropped = the steps run.
         summary["delivery"] = add_accounts(with_buffer_drops(shipper.pipeline.account(),
                                                              [s.describe(s.totals) for s in self.loader_list]),
