@@ -170,6 +170,9 @@ class TuningPlan:
         self.window += 1
         record = {"schema": SCHEMA, "window": self.window, "config": self.config(),
                   "figures": _rounded(figures)}
+        advised = [r.get("parameter") for r in self.advice if r.get("parameter") in _ADVISED]
+        if advised:
+            record["advice"] = advised
         if figures is None:
             record["decision"] = "no_steps"
             return record
@@ -237,8 +240,10 @@ def found_line(config: dict | None, outcome: dict, loader: str) -> str | None:
 
 def outcome_text(outcome: dict) -> str:
     """One report line: start -> final and the measured gain."""
-    changed = [f"{k} {outcome['start'].get(k)!r} -> {outcome['final'].get(k)!r}" for k in TUNED_KEYS
-               if outcome["final"].get(k) != outcome["start"].get(k)]
+    start, final = outcome["start"], outcome["final"]
+    changed = [f"{k} {start.get(k)!r} -> {final.get(k)!r}" for k in TUNED_KEYS
+               if final.get(k) != start.get(k)
+               and not (k == "prefetch_factor" and not start.get("num_workers") and final.get(k) == 2)]
     gain = outcome.get("gain")
     measured = (f": {gain['speedup']:.2f}x [{gain['low']:.2f}, {gain['high']:.2f}] {gain['basis']}"
                 if gain else "")

@@ -150,6 +150,8 @@ class LoaderTuner:
                           "config": self.plan.config()})
             return
         self.plan.bounds = self._bounds()
+        if not final:
+            self.plan.advice = self._advice()
         figures = live_tuning.window_figures(steps, self.samples_per_step)
         self._record(self.plan.window_done(figures))
 
@@ -254,6 +256,26 @@ class LoaderTuner:
         return live_tuning.bounds_for(usable_cores(), memory_most=memory_most, loading_waits=waits,
                                       iterable=iterable, shards_by_worker=self._shards_by_worker(),
                                       cuda=_cuda())
+
+    def _advice(self) -> list[dict]:
+        """The ranked advice for this loader on the run so far (the summary's recommendations,
+        with its configuration as tuned now), the plan's first candidates. Once per window, at
+        an epoch boundary; [] when the run has too little to say or the analysis fails."""
+        session = self.state.session
+        try:
+            from ..analysis.summary import LoaderData, summarize
+            book, shipper = session.shipper.book(), session.shipper
+            loaders = []
+            for s in list(session.loader_list):
+                config = dict(s.config or {}, **(self.twin_config or {})) if s is self.state else s.config
+                loaders.append(LoaderData(name=s.name, config=config, totals=book.merged(s.index, shipper.counted(s)),
+                                          records=book.stats.get(s.index), ranks=[session.rank]))
+            run = dict(session.metadata(), rank=session.rank, world_size=session.world_size)
+            summary = summarize(run, loaders, stalls=list(session.stalls))
+            return [r for r in summary.get("recommendations") or [] if r.get("loader") == self.state.name]
+        except Exception as exc:  # the plan's own candidates instead
+            log.debug("starvewatch: tuning %r: no advice: %s", self.state.name, _short(exc))
+            return []
 
     def _worker_bytes(self) -> int | None:
         """The largest USS of this loader's live workers (the sampler's latest readings)."""
