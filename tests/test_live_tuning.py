@@ -241,3 +241,22 @@ def test_a_loader_rebuilt_every_epoch_gets_the_found_configuration(memory_run, m
         assert loader.num_workers == 0
     assert seen_workers[:2] == [0, 2] and seen_workers[-1] == 2
     assert sw_session.current_session() is memory_run[0]  # never a new run, as a re-watch with other settings
+
+
+def test_tuning_records_reach_the_collector_and_its_summary(collector, monkeypatch):
+    """Each window's record and each loader's outcome travel with the batches (the events
+    table), and the collector's summary carries the same `tuning` section as finish()'s."""
+    _forced(monkeypatch, 1.5, 2.0)
+    monkeypatch.setattr("starvewatch.cpus.usable_cores", lambda *a, **k: 2)
+    c = collector()
+    monkeypatch.setenv("STARVEWATCH_URL", c.url)
+    loader = starvewatch.watch(DataLoader(Indices(), batch_size=4), tune=True)
+    _epochs(loader, 3)
+    local = starvewatch.finish()
+    remote = c.get(f"/api/v1/runs/{local['run']['id']}/summary")
+    assert [(r["window"], r["decision"], r["config"]["num_workers"]) for r in remote["tuning"]["records"]] == \
+        [(r["window"], r["decision"], r["config"]["num_workers"]) for r in local["tuning"]["records"]]
+    (outcome,) = remote["tuning"]["loaders"]
+    assert outcome["final"] == local["tuning"]["loaders"][0]["final"] and outcome["final"]["num_workers"] == 2
+    assert outcome["line"] == local["tuning"]["loaders"][0]["line"] and "num_workers=2" in outcome["line"]
+    assert outcome["gain"]["low"] == 1.5

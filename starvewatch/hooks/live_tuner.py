@@ -302,6 +302,18 @@ class LoaderTuner:
         self.records.append(record)
         session = self.state.session
         session.tuning_records.append(record)
+        session.emit("tuning", record)  # shipped with the next batch (the collector's events)
+
+    def final_outcome(self) -> dict | None:
+        """At finish(), before the last batch leaves: the open window decided, and the outcome
+        with its line to copy, shipped as a record of its own (`decision` "outcome")."""
+        self.close_at_end()
+        out = self.outcome()
+        if out is None:
+            return None
+        out["line"] = live_tuning.found_line(self.state.config, out, self.state.name)
+        self.state.session.emit("tuning", dict(out, decision="outcome", t_ns=_wall_ns()))
+        return out
 
     def outcome(self) -> dict | None:
         if self.plan is None:

@@ -134,6 +134,7 @@ class Session:
         self.dropped_events = 0
         self.stalls: list[dict] = []
         self.tuning_records: list[dict] = []  # live tuning's windows and decisions (live_tuner.py)
+        self.tuning_outcomes: list[dict] | None = None  # set by finish() where a loader was tuned
         self.active = True
         self._gpu_timer = None
         self._meta: dict | None = None
@@ -281,19 +282,10 @@ class Session:
         history = [event for sampler in self.samplers for event in sampler.history]
         summary = summarize(run, loaders, stalls=self.stalls, system=overview(history, rank=self.rank),
                             worker_events=[e for kind, e in history if kind == "workers"])
-        tuners = [s.tuner for s in self.loader_list if s.tuner is not None]
-        if tuners:  # live tuning: its windows and decisions, each loader's start, final and gain
-            for tuner in tuners:
-                tuner.close_at_end()
-            from ..analysis.live_tuning import SCHEMA
-            from ..analysis.live_tuning import found_line
-            outcomes = []
-            for tuner in tuners:
-                out = tuner.outcome()
-                if out is not None:  # the line to copy gives the found configuration
-                    out["line"] = found_line(tuner.state.config, out, tuner.state.name)
-                    outcomes.append(out)
-            summary["tuning"] = {"schema": SCHEMA, "records": list(self.tuning_records), "loaders": outcomes}
+        if self.tuning_outcomes is not None:  # live tuning: windows and decisions, each loader's
+            from ..analysis.live_tuning import SCHEMA  # start, final, gain and line to copy
+            summary["tuning"] = {"schema": SCHEMA, "records": list(self.tuning_records),
+                                 "loaders": self.tuning_outcomes}
         # Where every step record went: acknowledged + spooled + dropped = the steps run.
         summary["delivery"] = add_accounts(with_buffer_drops(shipper.pipeline.account(),
                                                              [s.describe(s.totals) for s in self.loader_list]),
@@ -663,6 +655,7 @@ def finish(*, quiet: bool | None = None) -> dict | None:
             return _LAST_SUMMARY  # (after an idle end too: the next watch() still resumes)
         _RESUME = None  # a run the user ends: the next one is named and set up afresh
         session.close_open_steps()
+        _end_tuning(session)  # its last records go with the final batch
         session.active = False
         if session.idle_ender is not None:
             session.idle_ender.stopped.set()
@@ -683,6 +676,21 @@ def finish(*, quiet: bool | None = None) -> dict | None:
     if not (session.settings.quiet if quiet is None else quiet):
         _report(session, summary, in_kernel)
     return summary
+
+
+def _end_tuning(session: Session) -> None:
+    tuners = [s.tuner for s in session.loader_list if s.tuner is not None]
+    if not tuners:
+        return
+    session.tuning_outcomes = []
+    for tuner in tuners:
+        try:
+            out = tuner.final_outcome()
+        except Exception as exc:  # finish() goes on: that loader's outcome is left out
+            log.warning("starvewatch: tuning %r: outcome: %s: %s", tuner.state.name, type(exc).__name__, exc)
+            continue
+        if out is not None:
+            session.tuning_outcomes.append(out)
 
 
 def _drain_shipper(session: Session) -> bool:
