@@ -260,3 +260,68 @@ def test_tuning_records_reach_the_collector_and_its_summary(collector, monkeypat
     assert outcome["final"] == local["tuning"]["loaders"][0]["final"] and outcome["final"]["num_workers"] == 2
     assert outcome["line"] == local["tuning"]["loaders"][0]["line"] and "num_workers=2" in outcome["line"]
     assert outcome["gain"]["low"] == 1.5
+
+
+class Sharded(IterableDataset):
+    """Each worker yields its own share (the shard check's "shards by worker")."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        return iter(range(worker, 64, workers))
+
+
+@pytest.mark.parametrize("shards", [True, False])
+def test_an_iterable_dataset_goes_n_to_m_only_where_its_workers_shard(memory_run, monkeypatch, shards):
+    _forced(monkeypatch, 1.5, 2.0)
+    monkeypatch.setattr("starvewatch.cpus.usable_cores", lambda *a, **k: 4)
+    monkeypatch.setattr(LoaderTuner, "_shards_by_worker", lambda self: shards)
+    loader = starvewatch.watch(DataLoader(Sharded(), batch_size=4, num_workers=2), tune=True)
+    epochs = _epochs(loader, 3)
+    used = {r["config"]["num_workers"] for r in _tuner(loader).records}
+    assert used == ({2, 4} if shards else {2}), _tuner(loader).records
+    for seen in epochs:
+        assert sorted(seen) == list(range(64))
+
+
+def test_a_persistent_loader_keeps_the_users_random_stream_too(memory_run, monkeypatch):
+    _forced(monkeypatch, 1.5, 2.0)
+    monkeypatch.setattr("starvewatch.cpus.usable_cores", lambda *a, **k: 2)
+
+    def run(tune: bool):
+        torch.manual_seed(99)
+        loader = starvewatch.watch(DataLoader(Indices(), batch_size=4, shuffle=True, num_workers=1,
+                                              persistent_workers=True), f"p{tune}", tune=tune)
+        seen = _epochs(loader, 4)
+        return seen, torch.rand(3)
+
+    untuned_order, untuned_after = run(False)
+    tuned_order, tuned_after = run(True)
+    assert torch.equal(untuned_after, tuned_after) and tuned_order == untuned_order
+
+
+class DiesMidEpoch(Dataset):
+    """Item 30 kills the worker process loading it (a worker crash, as the OOM killer does)."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 30 and torch.utils.data.get_worker_info() is not None:
+            import os
+            os._exit(1)
+        return i
+
+
+def test_a_worker_crash_mid_epoch_turns_tuning_off_for_the_next_epochs(memory_run, monkeypatch):
+    _forced(monkeypatch, 1.5, 2.0)
+    loader = starvewatch.watch(DataLoader(DiesMidEpoch(), batch_size=4), tune=True)
+    (first,) = _epochs(loader, 1)  # 0 workers: the dataset never dies in the main process
+    with pytest.raises(RuntimeError):
+        _epochs(loader, 1)  # 0 -> 2 workers: one dies mid-epoch, as it would untuned
+    tuner = _tuner(loader)
+    assert tuner.disabled and "num_workers 0 -> 2" in tuner.disabled
+    later = _epochs(loader, 2)
+    assert tuner.twin_config["num_workers"] == 0
+    for seen in [first] + later:
+        assert sorted(seen) == list(range(64))

@@ -54,7 +54,13 @@ class _TimedEpoch:
             except Exception as exc:  # a change that breaks the first batch: back and again
                 self._it = self._tuner.failed(exc, self._it)
                 return next(self._it)
-        return next(self._it)
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise
+        except Exception as exc:  # batches were delivered: it raises as untuned, tuning goes off
+            self._tuner.crashed(exc)
+            raise
 
     def __getattr__(self, name):  # hang.py and the stall detector read the torch iterator's fields
         return getattr(object.__getattribute__(self, "_it"), name)
@@ -214,6 +220,18 @@ class LoaderTuner:
         new = iter(twin)
         self.epoch_iter = weakref.ref(new) if _weakrefable(new) else None
         return new
+
+    def crashed(self, exc: BaseException) -> None:
+        """A tried configuration failed after its first batch (a worker killed mid-epoch): the
+        epoch cannot go on without losing or doubling samples, so the exception stands; the
+        next epochs run the last good configuration, tuning off. Under the user's own
+        configuration nothing changes (not tuning's doing)."""
+        try:
+            if self.plan is not None and (self.twin_config or self.user_config) != self.plan.current:
+                with self.lock:
+                    self._disable(f"{_short(exc)} with {_changes(self.plan.current, self.twin_config)}")
+        except Exception:  # the user's exception is the one that matters
+            pass
 
     def _recover(self, exc: Exception, loader):
         """Tuning's own bookkeeping failed before the epoch started: off, and the user's loader
