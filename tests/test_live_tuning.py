@@ -325,3 +325,44 @@ def test_a_worker_crash_mid_epoch_turns_tuning_off_for_the_next_epochs(memory_ru
     assert tuner.twin_config["num_workers"] == 0
     for seen in [first] + later:
         assert sorted(seen) == list(range(64))
+
+
+def test_the_run_page_shows_the_tuning_timeline_stored_once(tmp_path):
+    """The records as the collector stores them (a batch split in two parts carries them in
+    both, a replay again): one row per window on the run page's panel, the outcome and its line."""
+    import orjson
+    from starvewatch.dashboard.tuning_panel import live_panel
+    from starvewatch.monitor.storage.query import Query
+    from starvewatch.monitor.storage.store import Store
+    from starvewatch.monitor.web.wire_models import EventBatch
+    from tests.test_collector_api import batch
+    from tests.test_dashboard_views import _text
+
+    cfg = {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False, "pin_memory": False,
+           "in_order": True}
+    two = dict(cfg, num_workers=2, prefetch_factor=2)
+    figures = {"step_time": {"mean_ms": 50.0, "sd_ms": 2.0, "steps": 16, "samples_per_step": 4},
+               "samples_per_s": 80.0}
+    records = [
+        {"schema": "starvewatch.tuning/1", "loader": "train", "window": 1, "decision": "measured", "config": cfg,
+         "figures": figures, "next": two, "t_ns": 1_700_000_001 * 10**9},
+        {"schema": "starvewatch.tuning/1", "loader": "train", "window": 2, "decision": "kept", "config": two,
+         "figures": dict(figures, samples_per_s=150.0),
+         "interval": {"speedup": 1.8, "low": 1.4, "high": 2.3, "basis": "samples/s"}, "t_ns": 1_700_000_002 * 10**9},
+        {"schema": "starvewatch.tuning/1", "loader": "train", "decision": "outcome", "start": cfg, "final": two,
+         "windows": 2, "gain": {"speedup": 1.8, "low": 1.4, "high": 2.3, "basis": "samples/s"},
+         "line": "DataLoader(dataset, batch_size=4, num_workers=2)", "t_ns": 1_700_000_003 * 10**9}]
+    store = Store(tmp_path / "db.sqlite")
+    whole = dict(batch(n=10), tuning=records)
+    for part in ([0, 6], [6, 10]):  # the batch split in two parts: each carries the records
+        store.ingest(EventBatch.model_validate_json(orjson.dumps(dict(whole, part=part, steps={
+            k: v[part[0]:part[1]] for k, v in whole["steps"].items()}))))
+    store.ingest(EventBatch.model_validate_json(orjson.dumps(dict(whole, seq=1))))  # a replay
+    live = Query(store).live_tuning("run-a")
+    assert [(r["window"], r["decision"]) for r in live["records"]] == [(1, "measured"), (2, "kept")]
+    assert [o["final"]["num_workers"] for o in live["loaders"]] == [2]
+    text = _text(live_panel(live))
+    assert "0 workers" in text and "2 workers" in text and "1.80x [1.40, 2.30]" in text and "kept" in text
+    assert "train: 0 workers -> 2 workers, measured 1.80x" in text
+    assert "DataLoader(dataset, batch_size=4, num_workers=2)" in text
+    assert Query(store).summary("run-a")["tuning"]["loaders"][0]["line"] == records[2]["line"]
