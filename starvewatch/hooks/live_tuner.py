@@ -35,25 +35,36 @@ log = logging.getLogger("starvewatch.hooks")
 class _TimedEpoch:
     """The twin's epoch iterator, with the loop's clock read at every next()."""
 
-    __slots__ = ("_it", "_times", "_tuner", "_first", "__weakref__")
+    __slots__ = ("_it", "_times", "_tuner", "__weakref__")
 
     def __init__(self, it, times: list, tuner: "LoaderTuner") -> None:
-        self._it, self._times, self._tuner, self._first = it, times, tuner, True
+        self._it, self._times, self._tuner = it, times, tuner
 
     def __iter__(self):
         return self
 
+    def __next__(self):  # the first batch; from the second on, _SteadyTimedEpoch's
+        self._times.append(_now())
+        self.__class__ = _SteadyTimedEpoch
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise
+        except Exception as exc:  # a change that breaks the first batch: back and again
+            self._it = self._tuner.failed(exc, self._it)
+            return next(self._it)
+
+    def __getattr__(self, name):  # hang.py and the stall detector read the torch iterator's fields
+        return getattr(object.__getattribute__(self, "_it"), name)
+
+
+class _SteadyTimedEpoch(_TimedEpoch):
+    """After the first batch: one clock read and one append per batch (~0.3 us in all)."""
+
+    __slots__ = ()
+
     def __next__(self):
         self._times.append(_now())
-        if self._first:
-            self._first = False
-            try:
-                return next(self._it)
-            except StopIteration:
-                raise
-            except Exception as exc:  # a change that breaks the first batch: back and again
-                self._it = self._tuner.failed(exc, self._it)
-                return next(self._it)
         try:
             return next(self._it)
         except StopIteration:
@@ -61,9 +72,6 @@ class _TimedEpoch:
         except Exception as exc:  # batches were delivered: it raises as untuned, tuning goes off
             self._tuner.crashed(exc)
             raise
-
-    def __getattr__(self, name):  # hang.py and the stall detector read the torch iterator's fields
-        return getattr(object.__getattribute__(self, "_it"), name)
 
 
 class LoaderTuner:
