@@ -366,3 +366,38 @@ def test_the_run_page_shows_the_tuning_timeline_stored_once(tmp_path):
     assert "train: 0 workers -> 2 workers, measured 1.80x" in text
     assert "DataLoader(dataset, batch_size=4, num_workers=2)" in text
     assert Query(store).summary("run-a")["tuning"]["loaders"][0]["line"] == records[2]["line"]
+
+
+def test_what_cannot_be_tuned_says_so_once_and_iterates_as_before(memory_run, monkeypatch, capsys):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    monkeypatch.setattr(memory_run[0].settings, "quiet", False)
+    plain_list = starvewatch.watch([torch.arange(4)] * 3, "batches", tune=True)
+    stateful = starvewatch.watch(StatefulDataLoader(Indices(), batch_size=4), "stateful", tune=True)
+    assert sum(1 for _ in plain_list) == 3
+    for seen in _epochs(stateful, 2):
+        assert sorted(seen) == list(range(64))
+    assert _tuner(stateful).plan is None and _tuner(stateful).twin is None
+    lines = [l for l in capsys.readouterr().err.splitlines() if "starvewatch: tuning" in l]
+    assert len(lines) == 2, lines
+    assert "'batches': off (list is not a torch DataLoader)" in lines[0]
+    assert "'stateful'" in lines[1] and "StatefulDataLoader keeps state in its own iterator" in lines[1]
+
+
+def test_starvewatch_tune_turns_it_on_for_every_watched_dataloader(memory_run, monkeypatch):
+    monkeypatch.setattr(memory_run[0].settings, "tune", True)  # what STARVEWATCH_TUNE=1 reads as
+    on = starvewatch.watch(DataLoader(Indices(), batch_size=4), "on")
+    off = starvewatch.watch(DataLoader(Indices(), batch_size=4), "off", tune=False)  # the argument wins
+    assert _tuner(on) is not None and _tuner(off) is None
+
+
+def test_no_decision_while_a_stall_of_the_loader_is_open(memory_run, monkeypatch):
+    _forced(monkeypatch, 1.5, 2.0)
+    loader = starvewatch.watch(DataLoader(Indices(), batch_size=4), tune=True)
+    memory_run[0].stalls.append({"loader": "train", "started_ns": 1, "wait_s": 12.0})  # open: no ended_ns
+    _epochs(loader, 3)
+    tuner = _tuner(loader)
+    assert [r["decision"] for r in tuner.records] == ["stall_open", "stall_open"]
+    assert tuner.twin_config["num_workers"] == 0
+    memory_run[0].stalls[0]["ended_ns"] = 2  # the stall ended: the next window decides
+    _epochs(loader, 1)
+    assert tuner.records[-1]["decision"] == "measured" and tuner.twin_config["num_workers"] == 2
