@@ -23,6 +23,9 @@ from .verification import speedup_interval
 
 SCHEMA = "starvewatch.tuning/1"
 MIN_WINDOW_STEPS = 16  # a window spans whole epochs until it holds this many steps
+# ... or, in a long epoch of a map-style loader, is decided in its middle at this many steps
+# (hooks/live_tuner.py: the old iterator delivers what it holds, the new one takes the rest)
+MID_EPOCH_WINDOW_STEPS = 64
 TUNED_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order")
 # Advice parameters a live loader can take (batch_size changes the step: not tuned live).
 _ADVISED = {"num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order"}

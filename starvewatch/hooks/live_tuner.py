@@ -24,6 +24,7 @@ import sys
 import threading
 import warnings
 import weakref
+from collections import deque
 from time import perf_counter_ns as _now
 
 from ..analysis import live_tuning
@@ -32,13 +33,117 @@ from . import torch_loader_internals as internals
 log = logging.getLogger("starvewatch.hooks")
 
 
+class _BatchFeed:
+    """One epoch's index batches, drawn from the user's batch_sampler once, shared by the
+    iterators that take turns in that epoch: each `iter()` (torch calls it as it starts or resets
+    an iterator) gives a reader; a stopped reader takes no more (the old iterator then delivers
+    what its workers hold, in order, and ends), and the next one goes on where it stopped: every
+    index batch exactly once, in the sampler's order."""
+
+    def __init__(self, loader) -> None:
+        self.source = loader.batch_sampler
+        self._batches = iter(())
+        self._readers: list = []
+        self.taken = 0  # index batches handed out this epoch
+        self.returned: deque = deque()  # handed to an iterator that failed before delivering: again first
+
+    def start_epoch(self) -> None:
+        self._batches = iter(self.source)  # lazy: a RandomSampler draws at its first batch, as untuned
+        self._readers = []
+        self.taken = 0
+        self.returned.clear()
+
+    def stop_readers(self) -> None:
+        for reader in self._readers:
+            reader.stopped = True
+
+    def settle(self) -> None:
+        """An iterator delivered its first batch: what its readers took is its to deliver."""
+        for reader in self._readers:
+            reader.kept = None
+
+    def give_back(self) -> None:
+        """The iterator that has delivered nothing yet failed: the index batches its readers took
+        go first to the next one, in their order (none lost, none doubled)."""
+        batches = []
+        for reader in self._readers:
+            if reader.kept:
+                batches += reader.kept
+            reader.kept, reader.stopped = None, True
+        self.returned.extendleft(reversed(batches))
+        self.taken -= len(batches)
+
+    def __iter__(self):
+        reader = _FeedReader(self)
+        self._readers.append(reader)
+        return reader
+
+    def __len__(self):
+        return len(self.source)
+
+
+class _FeedReader:
+    __slots__ = ("feed", "stopped", "kept")
+
+    def __init__(self, feed: _BatchFeed) -> None:
+        self.feed, self.stopped, self.kept = feed, False, []  # kept: until its iterator delivers
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.stopped:
+            raise StopIteration
+        feed = self.feed
+        batch = feed.returned.popleft() if feed.returned else next(feed._batches)
+        feed.taken += 1
+        if self.kept is not None:
+            self.kept.append(batch)
+        return batch
+
+
+class _Switch:
+    """The rest of an epoch switched in its middle: the old iterator's batches until it ends
+    (its feed stopped), then the new one's."""
+
+    __slots__ = ("it", "make_next", "tuner", "__weakref__")
+
+    def __init__(self, old, make_next, tuner: "LoaderTuner") -> None:
+        self.it, self.make_next, self.tuner = old, make_next, tuner
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self.it)
+        except StopIteration:
+            if self.make_next is None:
+                raise
+        make, self.make_next = self.make_next, None
+        it = None
+        try:
+            it = self.it = make()
+            batch = next(it)
+        except StopIteration:
+            raise
+        except Exception as exc:  # the new configuration fails at its start: back, none lost
+            self.it = self.tuner.failed(exc, it)
+            batch = next(self.it)
+        self.tuner.settled()
+        return batch
+
+    def __getattr__(self, name):
+        return getattr(object.__getattribute__(self, "it"), name)
+
+
 class _TimedEpoch:
     """The twin's epoch iterator, with the loop's clock read at every next()."""
 
-    __slots__ = ("_it", "_times", "_tuner", "__weakref__")
+    __slots__ = ("_it", "_times", "_tuner", "_switch_at", "__weakref__")
 
-    def __init__(self, it, times: list, tuner: "LoaderTuner") -> None:
-        self._it, self._times, self._tuner = it, times, tuner
+    def __init__(self, it, times: list, tuner: "LoaderTuner", switch_at: int = 1 << 62) -> None:
+        self._it, self._times, self._tuner, self._switch_at = it, times, tuner, switch_at
 
     def __iter__(self):
         return self
@@ -47,12 +152,14 @@ class _TimedEpoch:
         self._times.append(_now())
         self.__class__ = _SteadyTimedEpoch
         try:
-            return next(self._it)
+            batch = next(self._it)
         except StopIteration:
             raise
         except Exception as exc:  # a change that breaks the first batch: back and again
             self._it = self._tuner.failed(exc, self._it)
-            return next(self._it)
+            batch = next(self._it)
+        self._tuner.settled()
+        return batch
 
     def __getattr__(self, name):  # hang.py and the stall detector read the torch iterator's fields
         return getattr(object.__getattribute__(self, "_it"), name)
@@ -64,7 +171,10 @@ class _SteadyTimedEpoch(_TimedEpoch):
     __slots__ = ()
 
     def __next__(self):
-        self._times.append(_now())
+        times = self._times
+        times.append(_now())
+        if len(times) >= self._switch_at:  # a window's worth of steps in this epoch: decide now
+            self._tuner.mid_epoch(self)
         try:
             return next(self._it)
         except StopIteration:
@@ -94,6 +204,8 @@ class LoaderTuner:
         self.epoch_iter = None  # a weak reference to the last epoch's torch iterator
         self.records: list[dict] = []
         self.loading_waits = False
+        self.feed: _BatchFeed | None = None  # the twin's batch_sampler (map-style loaders)
+        self.loader_ref = None  # the user's loader of the running epoch
         self.samples_per_step = getattr(loader, "batch_size", None)
         self.user_config = live_tuning.tuned_part(state.config or {})
         self.user_persistent = bool(self.user_config["persistent_workers"] and self.user_config["num_workers"])
@@ -113,22 +225,68 @@ class LoaderTuner:
                 config = self._config()
                 self._draw_seed(loader)
                 twin = self._twin_for(loader, config)
+                if self.feed is not None:
+                    self.feed.start_epoch()
                 times = self.times = [_now()]
-            return self._start(twin, times)
+            return self._start(twin, times, loader)
         except Exception as exc:
             return self._recover(exc, loader)
 
-    def _start(self, twin, times):
+    def _start(self, twin, times, loader):
         try:
-            with warnings.catch_warnings():
-                # torch's "suggested max number of worker" warning: loading that waits was given
-                # more workers than cores on purpose (the bounds), the user did not ask for them
-                warnings.filterwarnings("ignore", message="This DataLoader will create")
-                it = iter(twin)
+            it = _quiet_iter(twin)
         except Exception as exc:
             it = self.failed(exc, None)
         self.epoch_iter = weakref.ref(it) if _weakrefable(it) else None
-        return _TimedEpoch(it, times, self)
+        self.loader_ref = weakref.ref(loader)
+        return _TimedEpoch(it, times, self, self._switch_at(len(self.window)))
+
+    def _switch_at(self, held: int) -> int:
+        """After how many clock reads of this epoch's list the window is decided mid-epoch:
+        never without a feed (an IterableDataset, a loader without batch_sampler), once the
+        search is over, or with too few batches left for a window."""
+        if self.feed is None or self.disabled or self.plan is None or self.plan.done:
+            return 1 << 62
+        return max(2, live_tuning.MID_EPOCH_WINDOW_STEPS - held) + 2
+
+    def mid_epoch(self, epoch: "_TimedEpoch") -> None:
+        """In the middle of an epoch (training thread, inside next()): decide on the window;
+        a new configuration takes over after the old iterator's in-flight batches."""
+        epoch._switch_at = 1 << 62
+        try:
+            with self.lock:
+                if self.times is not epoch._times:
+                    return  # not the running epoch's (another epoch began meanwhile)
+                left = len(self.feed) - self.feed.taken if _has_len(self.feed) else 0
+                if left < live_tuning.MIN_WINDOW_STEPS:
+                    return  # the epoch's end is near: decided there
+                before = dict(self.twin_config)
+                times = epoch._times
+                now = times[-1]
+                self.times = list(times)  # the window so far (its last read: this call's)
+                self._close_window()
+                del times[:]
+                times.append(now)  # the next window's first step starts here
+                self.times = times
+                if self.records:
+                    self.records[-1]["mid_epoch"] = True
+                config = self._config()
+                if config != before:
+                    self.feed.stop_readers()
+                    loader = self.loader_ref()
+                    epoch._it = _Switch(epoch._it, lambda: self._continue(loader, config), self)
+                epoch._switch_at = self._switch_at(0)
+        except Exception as exc:  # the epoch goes on as it was; tuning off
+            self._disable(_short(exc))
+
+    def _continue(self, loader, config: dict):
+        """The new iterator of a switched epoch: the old one has ended (its workers shut down
+        by torch, or by _twin_for); it goes on with the feed's remaining index batches."""
+        with self.lock:
+            twin = self._twin_for(loader, config)
+        it = _quiet_iter(twin)
+        self.epoch_iter = weakref.ref(it) if _weakrefable(it) else None
+        return it
 
     def _config(self) -> dict:
         if self.plan is None:
@@ -186,7 +344,9 @@ class LoaderTuner:
                    or bool(config["persistent_workers"]) != bool(self.twin_config["persistent_workers"]))
         self._end_workers(twin if rebuild else (twin if config != self.twin_config else None))
         if rebuild:
-            twin = self.twin = internals.make_twin(loader, self.base_class, config, self.generator)
+            if owner is not loader:
+                self.feed = _BatchFeed(loader) if internals.feeds_batches(loader) else None
+            twin = self.twin = internals.make_twin(loader, self.base_class, config, self.generator, self.feed)
             self.twin_owner = weakref.ref(loader)
         elif config != self.twin_config:
             internals.apply_live(twin, config)
@@ -220,14 +380,21 @@ class LoaderTuner:
             self._disable(f"{_short(exc)} with {_changes(good, config)}")
             if it is not None:
                 internals.shut_down(it)
+            if self.feed is not None:
+                self.feed.give_back()
             twin = self.twin
             if twin is not None:
                 self._end_workers(twin)
-            twin = self.twin = internals.make_twin(self.twin_owner(), self.base_class, good, self.generator)
+            twin = self.twin = internals.make_twin(self.twin_owner(), self.base_class, good, self.generator,
+                                                   self.feed)
             self.twin_config = dict(good)
         new = iter(twin)
         self.epoch_iter = weakref.ref(new) if _weakrefable(new) else None
         return new
+
+    def settled(self) -> None:
+        if self.feed is not None:
+            self.feed.settle()
 
     def crashed(self, exc: BaseException) -> None:
         """A tried configuration failed after its first batch (a worker killed mid-epoch): the
@@ -238,6 +405,11 @@ class LoaderTuner:
             if self.plan is not None and (self.twin_config or self.user_config) != self.plan.current:
                 with self.lock:
                     self._disable(f"{_short(exc)} with {_changes(self.plan.current, self.twin_config)}")
+                    # torch's own shutdown now: the dead worker's pid leaves its SIGCHLD watch,
+                    # which would otherwise raise again at the next child's exit
+                    it = self.epoch_iter() if self.epoch_iter is not None else None
+                    if it is not None:
+                        internals.shut_down(it)
         except Exception:  # the user's exception is the one that matters
             pass
 
@@ -358,6 +530,22 @@ class _Plain:
 
     def __iter__(self):
         return self.base_class.__iter__(self.loader)
+
+
+def _quiet_iter(twin):
+    with warnings.catch_warnings():
+        # torch's "suggested max number of worker" warning: loading that waits was given more
+        # workers than cores on purpose (the bounds), the user did not ask for them
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        return iter(twin)
+
+
+def _has_len(obj) -> bool:
+    try:
+        len(obj)
+        return True
+    except Exception:
+        return False
 
 
 def _weakrefable(obj) -> bool:

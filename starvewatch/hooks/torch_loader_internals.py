@@ -45,17 +45,32 @@ def is_plain_dataloader(loader) -> bool:
     return not any((c.__module__ or "").startswith("torchdata") for c in type(loader).__mro__)
 
 
-def make_twin(loader, base_class: type, settings: dict, generator):
+def make_twin(loader, base_class: type, settings: dict, generator, batch_feed=None):
     """A new object of `base_class` (the user's class, before the watch swap) with the
-    loader's state and `settings`; no iterator of its own yet."""
+    loader's state and `settings`; no iterator of its own yet. `batch_feed`: its batch_sampler
+    instead of the user's (frozen by torch once built: set in the twin's __dict__), so that two
+    iterators in turn can take one epoch's index batches (a mid-epoch switch)."""
     twin = object.__new__(base_class)
     state = dict(loader.__dict__)
     state["_iterator"] = None
     state["persistent_workers"] = bool(settings["persistent_workers"])
     state["generator"] = generator
+    if batch_feed is not None:
+        state["batch_sampler"] = batch_feed
     twin.__dict__.update(state)
     apply_live(twin, settings)
     return twin
+
+
+def feeds_batches(loader) -> bool:
+    """A map-style loader that batches with a batch_sampler (its own, or torch's from
+    batch_size): the one kind an epoch can be switched in the middle of, by index batches."""
+    try:
+        from torch.utils.data import IterableDataset
+    except Exception:
+        return False
+    return (not isinstance(getattr(loader, "dataset", None), IterableDataset)
+            and getattr(loader, "batch_sampler", None) is not None)
 
 
 def apply_live(twin, settings: dict) -> None:
