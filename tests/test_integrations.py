@@ -185,7 +185,8 @@ def test_lightning_callback_tunes_the_training_loader_at_epoch_boundaries(tmp_pa
     tuned = summary["tuning"]["loaders"]
     assert [t["loader"] for t in tuned] == ["train"] and tuned[0]["start"]["num_workers"] == 0
     configs = [r["config"]["num_workers"] for r in summary["tuning"]["records"]]
-    assert configs[:2] == [0, 2], summary["tuning"]["records"]  # measured, then 0 -> 2 tried
+    # measured, then more workers tried (2, or what the run's advice said, within the bounds)
+    assert configs[0] == 0 and len(configs) >= 2 and configs[1] > 0, summary["tuning"]["records"]
 
 
 def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed_sampler(collector, tmp_path):

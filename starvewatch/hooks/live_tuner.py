@@ -264,12 +264,10 @@ class LoaderTuner:
                 times = epoch._times
                 now = times[-1]
                 self.times = list(times)  # the window so far (its last read: this call's)
-                self._close_window()
+                self._close_window(mid_epoch=True)
                 del times[:]
                 times.append(now)  # the next window's first step starts here
                 self.times = times
-                if self.records:
-                    self.records[-1]["mid_epoch"] = True
                 config = self._config()
                 if config != before:
                     self.feed.stop_readers()
@@ -304,7 +302,7 @@ class LoaderTuner:
         except Exception as exc:  # the summary goes on without the last decision
             log.warning("starvewatch: tuning %r: last window: %s", self.state.name, _short(exc))
 
-    def _close_window(self, final: bool = False) -> None:
+    def _close_window(self, final: bool = False, mid_epoch: bool = False) -> None:
         times, self.times = self.times, None
         if times and len(times) > 2:
             steps = [b - a for a, b in zip(times[1:], times[2:])]
@@ -317,15 +315,16 @@ class LoaderTuner:
         if len(self.window) < (2 if final else live_tuning.MIN_WINDOW_STEPS):
             return
         steps, self.window = self.window, []
+        where = {"mid_epoch": True} if mid_epoch else {}
         if self._stall_open():  # no decision on a window a stall ran through: measured again
             self._record({"schema": live_tuning.SCHEMA, "decision": "stall_open",
-                          "config": self.plan.config()})
+                          "config": self.plan.config(), **where})
             return
         self.plan.bounds = self._bounds()
         if not final:
             self.plan.advice = self._advice()
         figures = live_tuning.window_figures(steps, self.samples_per_step)
-        self._record(self.plan.window_done(figures))
+        self._record(dict(self.plan.window_done(figures), **where))
 
     def _draw_seed(self, loader) -> None:
         """One draw of the user's RNG where the untuned loader would draw its base seed: every

@@ -305,6 +305,7 @@ class TuningRecord(Open):
     gain: TuningInterval | None = None
     advice: list[Name] | None = Field(None, max_length=100)
     done: bool | None = None
+    mid_epoch: bool | None = None
     line: Text | None = None
 
 
