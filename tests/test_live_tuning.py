@@ -465,3 +465,14 @@ def test_a_mid_epoch_switch_that_fails_gives_its_index_batches_back(memory_run, 
     assert tuner.disabled and "num_workers 0 -> 2" in tuner.disabled
     assert tuner.records[0].get("mid_epoch") and tuner.records[-1]["decision"] == "disabled"
     assert tuned == untuned
+
+
+def test_under_torchrun_each_rank_says_it_tunes_on_its_own(memory_run, monkeypatch, capsys):
+    session = memory_run[0]
+    monkeypatch.setattr(session.settings, "quiet", False)
+    monkeypatch.setattr(session, "world_size", 2)
+    monkeypatch.setattr(session, "rank", 1)
+    loader = starvewatch.watch(DataLoader(Indices(), batch_size=4), tune=True)
+    assert _tuner(loader).disabled is None
+    lines = [l for l in capsys.readouterr().err.splitlines() if "starvewatch: tuning" in l]
+    assert lines == ["starvewatch: tuning 'train': rank 1 of 2 tunes on its own measurements"]

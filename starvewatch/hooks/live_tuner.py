@@ -213,6 +213,8 @@ class LoaderTuner:
             self._off(f"torch {internals.torch_version()} is not one live tuning was checked on")
         elif not internals.is_plain_dataloader(loader):
             self._off(f"{type(loader).__name__} keeps state in its own iterator")
+        elif state.session.world_size > 1:  # rank 0 deciding for every rank is not built yet
+            self._say(f"rank {state.session.rank} of {state.session.world_size} tunes on its own measurements")
 
     # ---- per epoch (training thread) ----------------------------------------------------------
     def epoch(self, loader, base_iter):
@@ -429,10 +431,12 @@ class LoaderTuner:
 
     def _off(self, why: str) -> None:
         self.disabled = self.disabled or why
-        session = self.state.session
-        if not session.settings.quiet:
+        self._say(why)
+
+    def _say(self, what: str) -> None:
+        if not self.state.session.settings.quiet:
             from ..console import info_stream
-            print(f"starvewatch: tuning {self.state.name!r}: {why}", file=info_stream(), flush=True)
+            print(f"starvewatch: tuning {self.state.name!r}: {what}", file=info_stream(), flush=True)
 
     # ---- what is known -------------------------------------------------------------------
     def _bounds(self) -> dict:
