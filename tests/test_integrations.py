@@ -172,6 +172,23 @@ def test_lightning_callback_with_log_figures_off_logs_nothing_of_its_own(tmp_pat
     assert not (written / "hparams.yaml").exists()  # nothing logged as hyperparameters: no verdict, no text
 
 
+def test_lightning_callback_tunes_the_training_loader_at_epoch_boundaries(tmp_path):
+    """tune=True (issue 39): the training loader's epochs after the first (whose iterator
+    Lightning made before the callback ran) are tuned; every sample still comes once."""
+    env = {**os.environ, "SW_NAME": "lightning-tuned", "SW_TUNE": "1", "SW_EPOCHS": "4", "SW_LOAD_S": "0.004",
+           "STARVEWATCH_SIDECAR": "0"}
+    done = subprocess.run([sys.executable, str(PROGRAMS / "lightning_train.py")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])["summary"]
+    assert _loaders(summary)["train"]["steps"] == 64  # 4 epochs of 16 batches: none lost, none doubled
+    tuned = summary["tuning"]["loaders"]
+    assert [t["loader"] for t in tuned] == ["train"] and tuned[0]["start"]["num_workers"] == 0
+    configs = [r["config"]["num_workers"] for r in summary["tuning"]["records"]]
+    # measured, then more workers tried (2, or what the run's advice said, within the bounds)
+    assert configs[0] == 0 and len(configs) >= 2 and configs[1] > 0, summary["tuning"]["records"]
+
+
 def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed_sampler(collector, tmp_path):
     """Rank 1's training_step takes 30 ms more: under DDP rank 0 waits for it in backward's
     all-reduce, and the callback's forward phase names rank 1 a compute straggler."""

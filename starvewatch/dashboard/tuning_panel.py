@@ -1,4 +1,5 @@
-"""The run page's "Measured tuning" panel: `starvewatch tune` results stored with the run.
+"""The run page's "Measured tuning" panel: `starvewatch tune` results stored with the run, and
+live tuning's timeline (watch(tune=True): one row per window, then the outcome and its line).
 
 A component of its own (view builder + callback), so the run page only holds its container.
 """
@@ -54,6 +55,58 @@ def panel(tuning: dict | None) -> list:
     return parts
 
 
+_SETTING_SHORT = {"num_workers": "workers", "prefetch_factor": "prefetch", "persistent_workers": "persistent",
+                  "pin_memory": "pinned", "in_order": "in order"}
+
+
+def config_text(config: dict | None) -> str:
+    """A tuned configuration in a few words: `2 workers, prefetch 4, persistent`."""
+    if not config:
+        return "n/a"
+    workers = config.get("num_workers") or 0
+    words = [f"{workers} workers" if workers != 1 else "1 worker"]
+    if workers and config.get("prefetch_factor") not in (None, 2):
+        words.append(f"prefetch {config['prefetch_factor']}")
+    for key in ("persistent_workers", "pin_memory"):
+        if config.get(key):
+            words.append(_SETTING_SHORT[key])
+    if config.get("in_order") is False:
+        words.append("out of order")
+    return ", ".join(words)
+
+
+def live_panel(live: dict | None) -> list:
+    """Live tuning (watch(tune=True)): the timeline of windows, one row each (the configuration
+    run, the loop's samples/s, the interval against the configuration kept, the decision), then
+    each loader's outcome and the line to copy."""
+    if not live:
+        return []
+    rows = []
+    for r in live.get("records") or []:
+        figures = r.get("figures") or {}
+        rate = figures.get("samples_per_s") or figures.get("batches_per_s")
+        interval = r.get("interval")
+        rows.append(html.Tr([html.Td(r.get("loader")), html.Td(str(r.get("window") or "")),
+                             html.Td(config_text(r.get("config"))), html.Td(_num(rate)),
+                             html.Td(f"{interval['speedup']:.2f}x [{interval['low']:.2f}, {interval['high']:.2f}]"
+                                     if interval else ""),
+                             html.Td(str(r.get("decision") or "").replace("_", " "))]))
+    header = html.Thead(html.Tr([html.Th(h) for h in ("loader", "window", "configuration", "samples/s",
+                                                      "against the kept one", "decision")]))
+    parts = [html.H4("Live tuning"),
+             html.Table([header, html.Tbody(rows)], className="sw-table", id="live-tuning-table")]
+    for i, out in enumerate(live.get("loaders") or []):
+        gain = out.get("gain")
+        parts.append(html.P(f"{out.get('loader')}: {config_text(out.get('start'))} -> {config_text(out.get('final'))}"
+                            + (f", measured {gain['speedup']:.2f}x [{gain['low']:.2f}, {gain['high']:.2f}]"
+                               if gain else ", no gain kept")
+                            + (f" (tuning off: {out['disabled']})" if out.get("disabled") else "")))
+        if out.get("line"):
+            parts += [html.Pre(out["line"], className="sw-code", id=f"live-tuning-line-{i}"),
+                      dcc.Clipboard(target_id=f"live-tuning-line-{i}", title="copy")]
+    return parts
+
+
 def register(app, get_query) -> None:
     @app.callback(Output(CONTAINER_ID, "children"), Input("tick", "data"), State("run-id", "data"))
     async def refresh_tuning(_tick, run_id):
@@ -61,6 +114,7 @@ def register(app, get_query) -> None:
             return []
         try:
             tuning = await run_in_threadpool(get_query().tuning, run_id)
+            live = await run_in_threadpool(get_query().live_tuning, run_id)
         except NotFound:
             return []
-        return panel(tuning)
+        return (panel(tuning) if tuning or not live else []) + live_panel(live)

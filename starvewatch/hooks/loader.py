@@ -508,7 +508,7 @@ def start_epoch(state, make_inner):
 
 # ---- the wrappers ------------------------------------------------------------------------
 
-def watched_dataloader_class(cls: type, state) -> type:
+def watched_dataloader_class(cls: type, state, tuner=None) -> type:
     """A subclass of the loader's own class that only replaces `__iter__`: the object stays
     an instance of DataLoader (and of the user's subclass) with every attribute it had.
 
@@ -518,8 +518,12 @@ def watched_dataloader_class(cls: type, state) -> type:
     gives the loader as it was before `watch()`, since the run lives in this process."""
     base_iter = cls.__iter__
 
-    def __iter__(self):
-        return start_epoch(type(self)._starvewatch_state, lambda: base_iter(self))
+    if tuner is None:
+        def __iter__(self):
+            return start_epoch(type(self)._starvewatch_state, lambda: base_iter(self))
+    else:  # watch(tune=True): each epoch's iterator comes from the tuner (live_tuner.py)
+        def __iter__(self):
+            return start_epoch(type(self)._starvewatch_state, lambda: tuner.epoch(self, base_iter))
 
     def __reduce_ex__(self, protocol):
         # copyreg's reconstructor (what protocols 0 and 1 use): unpickling needs no starvewatch
@@ -528,6 +532,7 @@ def watched_dataloader_class(cls: type, state) -> type:
     return type(cls.__name__, (cls,), {
         "__iter__": __iter__, "__reduce_ex__": __reduce_ex__, "__copy__": _copy,
         "__deepcopy__": _deepcopy, "__starvewatch_watched__": True, "_starvewatch_state": state,
+        "_starvewatch_tuner": tuner,
         "__module__": cls.__module__, "__qualname__": cls.__qualname__})
 
 

@@ -48,7 +48,7 @@ class LoaderState:
     """Everything the hot path touches for one loader, bound to one session."""
 
     __slots__ = ("session", "name", "index", "totals", "config", "fixed_batch_size", "buffer",
-                 "segments", "capacity", "current", "kind", "board", "loader_ref")
+                 "segments", "capacity", "current", "kind", "board", "loader_ref", "tuner")
 
     def __init__(self, session: "Session", name: str, index: int, config: dict | None,
                  fixed_batch_size: int | None, kind: str) -> None:
@@ -66,6 +66,7 @@ class LoaderState:
         self.kind = kind
         self.board = None  # per-worker telemetry of a multi-process DataLoader
         self.loader_ref = None  # the loader object last watched as this loader (weakly)
+        self.tuner = None  # watch(tune=True): its LoaderTuner (hooks/live_tuner.py)
 
     def watched_object(self, loader) -> bool:
         """Note `loader` as this loader's object; True when it is a new one (a re-creation)."""
@@ -132,6 +133,8 @@ class Session:
         self.events: deque = deque()
         self.dropped_events = 0
         self.stalls: list[dict] = []
+        self.tuning_records: list[dict] = []  # live tuning's windows and decisions (live_tuner.py)
+        self.tuning_outcomes: list[dict] | None = None  # set by finish() where a loader was tuned
         self.active = True
         self._gpu_timer = None
         self._meta: dict | None = None
@@ -279,6 +282,10 @@ class Session:
         history = [event for sampler in self.samplers for event in sampler.history]
         summary = summarize(run, loaders, stalls=self.stalls, system=overview(history, rank=self.rank),
                             worker_events=[e for kind, e in history if kind == "workers"])
+        if self.tuning_outcomes is not None:  # live tuning: windows and decisions, each loader's
+            from ..analysis.live_tuning import SCHEMA  # start, final, gain and line to copy
+            summary["tuning"] = {"schema": SCHEMA, "records": list(self.tuning_records),
+                                 "loaders": self.tuning_outcomes}
         # Where every step record went: acknowledged + spooled + dropped = the steps run.
         summary["delivery"] = add_accounts(with_buffer_drops(shipper.pipeline.account(),
                                                              [s.describe(s.totals) for s in self.loader_list]),
@@ -455,7 +462,7 @@ def ensure_session() -> Session | None:
     return init()
 
 
-def watch(loader, name: str | None = None):
+def watch(loader, name: str | None = None, *, tune: bool | None = None):
     """Wrap a loader so that every batch is timed: how long the loop waited for it, and how
     long it computed before asking for the next.
 
@@ -468,6 +475,9 @@ def watch(loader, name: str | None = None):
             webdataset, Hugging Face `datasets` or LitData loader, or any iterable of batches.
         name: the loader's name in the run, when it has several (`"train"`, `"val"`). Default:
             the variable it is assigned to in a notebook cell, else `train`, then `loader2`...
+        tune: True: tune a torch DataLoader's settings live, at epoch boundaries, measured on
+            the training loop itself (num_workers, prefetch_factor, persistent_workers,
+            pin_memory; docs/tuning.md). Default: `STARVEWATCH_TUNE` (off).
 
     Returns:
         The loader to iterate in place of the one given.
@@ -496,7 +506,7 @@ def watch(loader, name: str | None = None):
     if inner is not None and type(loader) is not loader.__class__:
         # accelerate's prepared loaders (DataLoaderShard and kin) only pretend to be DataLoaders
         # (a `__class__` property) and iterate a real one: watch that one in place.
-        watch(inner, name)
+        watch(inner, name, tune=tune)
         return loader
     session = ensure_session()
     if session is None:  # STARVEWATCH_DISABLED=1: a pass-through, no threads
@@ -505,9 +515,12 @@ def watch(loader, name: str | None = None):
     with _LOCK:
         config = dataloader_config(loader) if is_torch_dataloader(loader) else None
         name = _loader_name(session, name, shell, loader, config)
+        tune = session.settings.tune if tune is None else bool(tune)
         if config is not None:
-            session, wrapped = _watch_dataloader(session, loader, name, config)
+            session, wrapped = _watch_dataloader(session, loader, name, config, tune)
         else:
+            if tune:
+                _tuning_off_line(session, name, f"{type(loader).__name__} is not a torch DataLoader")
             state = session.loaders.get(name)
             if state is None:  # a WebLoader or a torchdata.nodes pipeline loads in workers too
                 config, inner = wrapped_loader(loader)
@@ -535,7 +548,12 @@ def _dir_is_ours(settings) -> bool:
     return True
 
 
-def _watch_dataloader(session: Session, loader, name: str, config: dict):
+def _tuning_off_line(session: Session, name: str, why: str) -> None:
+    if not session.settings.quiet:
+        print(f"starvewatch: tuning {name!r}: off ({why})", file=info_stream(), flush=True)
+
+
+def _watch_dataloader(session: Session, loader, name: str, config: dict, tune: bool = False):
     """(the session, the loader) for a torch DataLoader watched as `name`: a new loader's state,
     or the named one's (a new object with other settings: a new run; with the same settings,
     rebuilt: its epochs count on, `rebuilds` counts it). Under _LOCK."""
@@ -558,7 +576,13 @@ def _watch_dataloader(session: Session, loader, name: str, config: dict):
         state.watched_object(loader)
         from .workers import attach
         state.board = attach(loader, str(session.stack_dir))
-    loader.__class__ = watched_dataloader_class(type(loader), state)
+    tuner = None
+    if tune:
+        if state.tuner is None:  # kept for a loader rebuilt at the same call site: the found
+            from .live_tuner import LoaderTuner  # configuration goes on with the new object
+            state.tuner = LoaderTuner(state, type(loader), loader)
+        tuner = state.tuner
+    loader.__class__ = watched_dataloader_class(type(loader), state, tuner)
     if state.board is not None:  # a StatefulDataLoader's checkpoint interval (snapshots.py)
         from .snapshots import count_checkpoints
         count_checkpoints(type(loader), state.board.checkpoints)
@@ -631,6 +655,7 @@ def finish(*, quiet: bool | None = None) -> dict | None:
             return _LAST_SUMMARY  # (after an idle end too: the next watch() still resumes)
         _RESUME = None  # a run the user ends: the next one is named and set up afresh
         session.close_open_steps()
+        _end_tuning(session)  # its last records go with the final batch
         session.active = False
         if session.idle_ender is not None:
             session.idle_ender.stopped.set()
@@ -656,6 +681,21 @@ def finish(*, quiet: bool | None = None) -> dict | None:
     if not (session.settings.quiet if quiet is None else quiet):
         _report(session, summary, in_kernel)
     return summary
+
+
+def _end_tuning(session: Session) -> None:
+    tuners = [s.tuner for s in session.loader_list if s.tuner is not None]
+    if not tuners:
+        return
+    session.tuning_outcomes = []
+    for tuner in tuners:
+        try:
+            out = tuner.final_outcome()
+        except Exception as exc:  # finish() goes on: that loader's outcome is left out
+            log.warning("starvewatch: tuning %r: outcome: %s: %s", tuner.state.name, type(exc).__name__, exc)
+            continue
+        if out is not None:
+            session.tuning_outcomes.append(out)
 
 
 def _drain_shipper(session: Session) -> bool:

@@ -45,6 +45,7 @@ class HookSettings:
     shm_limit_bytes: int = 0      # a container's /dev/shm limit (0: the tmpfs's own size)
     sidecar: bool = True          # system sampling in a separate process (see hooks/delivery/sidecar.py)
     notebook_idle_s: float = 600.0  # a notebook's run ends after this long without a step or a cell
+    tune: bool = False            # live tuning of watched DataLoaders (hooks/live_tuner.py)
 
     @classmethod
     def from_env(cls, *, url: str | None = None, dir: str | os.PathLike | None = None) -> "HookSettings":
@@ -73,4 +74,5 @@ class HookSettings:
             stall_startup_s=number("STARVEWATCH_STALL_STARTUP_S", 0.0),
             shm_limit_bytes=limit_bytes("STARVEWATCH_SHM_LIMIT_BYTES"),
             notebook_idle_s=_notebook_idle_s(),
+            tune=flag("STARVEWATCH_TUNE", False),
         )

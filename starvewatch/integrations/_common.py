@@ -36,13 +36,13 @@ def is_watched(obj) -> bool:
     return bool(getattr(type(obj), "__starvewatch_watched__", False))
 
 
-def watch_current(loader, iterator, name: str):
+def watch_current(loader, iterator, name: str, tune: bool | None = None):
     """Watch `loader` for its next epochs; for this epoch, whose iterator the framework made
     before the callback ran, return a watched wrapper of that iterator (None: nothing to swap).
     A loader rebuilt from a watched one's type (a DistributedSampler added) is already watched."""
     if is_watched(loader):
         return None
-    starvewatch.watch(loader, name)
+    starvewatch.watch(loader, name, tune=tune)  # tuned from its next epoch (live_tuner.py)
     if iterator is None or is_watched(iterator):
         return None
     return starvewatch.watch(iterator, name)

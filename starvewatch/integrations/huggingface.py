@@ -44,10 +44,13 @@ _transformers = require("transformers", "hf", "starvewatch.integrations.huggingf
 
 
 class StarvewatchCallback(_transformers.TrainerCallback):
-    """Watch a `transformers.Trainer`'s training. `name` and `url` go to `starvewatch.init()`."""
+    """Watch a `transformers.Trainer`'s training. `name` and `url` go to `starvewatch.init()`;
+    `tune=True` tunes the training loader live, at epoch boundaries (`watch(tune=True)`;
+    default `STARVEWATCH_TUNE`)."""
 
-    def __init__(self, name: str | None = None, *, url: str | None = None) -> None:
+    def __init__(self, name: str | None = None, *, url: str | None = None, tune: bool | None = None) -> None:
         self.name = name
+        self.tune = tune
         self.url = url
         self.summary: dict | None = None
         self._step = Mark(starvewatch.step)
@@ -58,10 +61,10 @@ class StarvewatchCallback(_transformers.TrainerCallback):
                      getattr(args, "local_process_index", None))
         starvewatch.init(self.name, url=self.url)
         self._figures_step = None  # a new training: its steps count from here
-        self._watch_train(train_dataloader)
+        self._watch_train(train_dataloader, self.tune)
 
     def on_epoch_begin(self, args, state, control, train_dataloader=None, **kwargs):
-        self._watch_train(train_dataloader)  # before the Trainer's iter() of this epoch
+        self._watch_train(train_dataloader, self.tune)  # before the Trainer's iter() of this epoch
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step.start("train")
@@ -97,19 +100,20 @@ class StarvewatchCallback(_transformers.TrainerCallback):
         return metrics(figures, prefix)
 
     @staticmethod
-    def _watch_train(loader) -> None:
+    def _watch_train(loader, tune: bool | None = None) -> None:
         if loader is not None:
-            starvewatch.watch(loader, "train")  # in place; a watched loader is left as it is
+            starvewatch.watch(loader, "train", tune=tune)  # in place; a watched loader is left as it is
 
 
 def watch_trainer(trainer, name: str | None = None, *, url: str | None = None, log_figures: bool = True,
-                  log_prefix: str = "starvewatch/", log_every_n_steps: int | None = None) -> StarvewatchCallback:
+                  log_prefix: str = "starvewatch/", log_every_n_steps: int | None = None,
+                  tune: bool | None = None) -> StarvewatchCallback:
     """Add the callback to `trainer`, watch its evaluation loaders too (named `val`) and, unless
     `log_figures=False`, add the figures to the Trainer's logs (see the module's docstring)."""
     if log_every_n_steps is not None and (not isinstance(log_every_n_steps, int) or log_every_n_steps < 1):
         raise ValueError(f"log_every_n_steps must be a positive integer or None (every Trainer log), "
                          f"got {log_every_n_steps!r}")
-    callback = StarvewatchCallback(name, url=url)
+    callback = StarvewatchCallback(name, url=url, tune=tune)
     trainer.add_callback(callback)
     if log_figures:
         _add_figures_to_logs(trainer, callback, str(log_prefix), log_every_n_steps)

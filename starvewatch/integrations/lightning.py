@@ -46,7 +46,7 @@ def _lightning():
 _pl = _lightning()
 
 
-def _watch_combined(combined, base: str) -> None:
+def _watch_combined(combined, base: str, tune: bool | None = None) -> None:
     """Watch every loader of a Lightning CombinedLoader, including its epoch in progress."""
     if combined is None:
         return
@@ -57,18 +57,22 @@ def _watch_combined(combined, base: str) -> None:
     for i, loader in enumerate(loaders):
         name = loader_name(base, i, keys[i] if keys and i < len(keys) else None)
         index = i if current is not None and len(current) == len(loaders) else None
-        swap = watch_current(loader, current[index] if index is not None else None, name)
+        swap = watch_current(loader, current[index] if index is not None else None, name, tune)
         if swap is not None:
             current[index] = swap
 
 
 class StarvewatchCallback(_pl.Callback):
     """Watch a Lightning Trainer's loaders. `name` and `url` are passed to `starvewatch.init()`;
-    `log_figures`, `log_prefix` and `log_every_n_steps` say what goes to the trainer's loggers."""
+    `log_figures`, `log_prefix` and `log_every_n_steps` say what goes to the trainer's loggers.
+    `tune=True` tunes the training loaders live, at epoch boundaries (`watch(tune=True)`;
+    default `STARVEWATCH_TUNE`)."""
 
     def __init__(self, name: str | None = None, *, url: str | None = None, log_figures: bool = True,
-                 log_prefix: str = "starvewatch/", log_every_n_steps: int | None = None) -> None:
+                 log_prefix: str = "starvewatch/", log_every_n_steps: int | None = None,
+                 tune: bool | None = None) -> None:
         super().__init__()
+        self.tune = tune
         if log_every_n_steps is not None and (not isinstance(log_every_n_steps, int) or log_every_n_steps < 1):
             raise ValueError(f"log_every_n_steps must be a positive integer or None (the Trainer's), "
                              f"got {log_every_n_steps!r}")
@@ -136,7 +140,7 @@ class StarvewatchCallback(_pl.Callback):
 
     # ---- loaders: watched when Lightning has built them for this epoch --------------------
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        _watch_combined(getattr(trainer.fit_loop, "_combined_loader", None), "train")
+        _watch_combined(getattr(trainer.fit_loop, "_combined_loader", None), "train", self.tune)
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         loop = trainer.fit_loop.epoch_loop.val_loop if trainer.state.fn == "fit" else trainer.validate_loop

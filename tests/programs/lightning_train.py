@@ -12,7 +12,8 @@ import lightning.pytorch as pl
 
 from starvewatch.integrations.lightning import StarvewatchCallback
 
-TRAIN, VAL, BATCH, EPOCHS = 64, 16, 4, 2
+TRAIN, VAL, BATCH = 64, 16, 4
+EPOCHS = int(os.environ.get("SW_EPOCHS", "2"))
 SLEEP_S = float(os.environ.get("SW_LOAD_S", "0.002"))
 SLOW_FORWARD_RANK = int(os.environ.get("SW_SLOW_FORWARD_RANK", "-1"))  # this rank's forward takes 30 ms more
 
@@ -77,7 +78,8 @@ if __name__ == "__main__":
     logger = [Rejecting(), pl.loggers.CSVLogger(csv_dir, name="csv", version=0)] if csv_dir else False
     log_every = int(os.environ.get("SW_LOG_EVERY", "50"))
     callback = StarvewatchCallback(name=os.environ.get("SW_NAME", "lightning-tiny"),
-                                   log_figures=os.environ.get("SW_LOG_FIGURES", "1") == "1")
+                                   log_figures=os.environ.get("SW_LOG_FIGURES", "1") == "1",
+                                   tune=os.environ.get("SW_TUNE") == "1" or None)
     trainer = pl.Trainer(max_epochs=EPOCHS, accelerator="cpu", devices=2 if distributed else 1,
                          strategy="ddp" if distributed else "auto", callbacks=[callback],
                          num_sanity_val_steps=0, logger=logger, enable_checkpointing=False,

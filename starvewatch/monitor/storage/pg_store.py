@@ -353,6 +353,8 @@ class PgStore(Store):
                     copy.write_row((batch.run_id, batch.rank, *p))
         events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
                   for e in getattr(batch, kind)]
+        if batch.tuning and not stored and first == 0:  # live tuning's records: repeated in every part
+            events += [("tuning", t.model_dump(exclude_unset=True, by_alias=True)) for t in batch.tuning]
         if events:
             with w.copy("COPY events (run_id, rank, kind, t_ns, data) FROM STDIN") as copy:
                 for kind, e in events:

@@ -166,6 +166,19 @@ class Query:
             "SELECT data FROM events WHERE run_id = ? AND kind = 'stalls' ORDER BY t_ns", (run_id,)).fetchall()
         return _merge_stalls([orjson.loads(data) for (data,) in rows])
 
+    def live_tuning(self, run_id: str, rank: int | None = None) -> dict | None:
+        """Live tuning's records of a run (watch(tune=True), hooks/live_tuner.py): every window
+        and decision, and each loader's outcome (start, final, gain, the line to copy), the
+        shape of finish()'s `tuning` section; None for a run that was not tuned."""
+        rows = self.store.reader().execute(
+            "SELECT rank, data FROM events WHERE run_id = ? AND kind = 'tuning' ORDER BY t_ns", (run_id,)).fetchall()
+        found = [orjson.loads(data) for r, data in rows if rank is None or r == rank]
+        if not found:
+            return None
+        from ...analysis.live_tuning import SCHEMA
+        return {"schema": SCHEMA, "records": [e for e in found if e.get("decision") != "outcome"],
+                "loaders": [e for e in found if e.get("decision") == "outcome"]}
+
     def active_stalls(self, run_id: str) -> list[dict]:
         return [e for e in self.stalls(run_id) if not e.get("ended_ns")]
 
@@ -197,6 +210,9 @@ class Query:
                             worker_events=self.worker_events(run_id, rank))
         if rank is None:
             summary["stragglers"] = self.stragglers(run_id)
+        tuning = self.live_tuning(run_id, rank)
+        if tuning is not None:
+            summary["tuning"] = tuning
         streams = [s for s in self.store.stream_rows(run_id) if rank is None or s["rank"] == rank]
         delivery = merge_accounts([stream_account(s) for s in streams])
         if rank is None:

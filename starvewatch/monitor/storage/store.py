@@ -120,6 +120,8 @@ class Store:
                                   [(batch.run_id, batch.rank, *p) for p in batch.phases])
                 events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
                           for e in getattr(batch, kind)]
+                if batch.tuning and not stored and first == 0:  # (repeated in every part)
+                    events += [("tuning", t.model_dump(exclude_unset=True, by_alias=True)) for t in batch.tuning]
                 if batch.worker_batches is not None and not stored and first == 0:
                     # Repeated in every part of a split batch: kept once, from the first.
                     records = batch.worker_batches.model_dump()

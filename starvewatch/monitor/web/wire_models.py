@@ -253,6 +253,62 @@ class Stall(Open):
     stack_of: Name | None = None
 
 
+Finite = Annotated[float, Field(ge=-1e300, le=1e300)]
+
+
+class TuningConfig(Strict):
+    """The DataLoader settings live tuning changes (analysis/live_tuning.py TUNED_KEYS)."""
+    num_workers: NonNegInt | None = None
+    prefetch_factor: NonNegInt | None = None
+    persistent_workers: bool | None = None
+    pin_memory: bool | None = None
+    in_order: bool | None = None
+
+
+class TuningStepTime(Strict):
+    mean_ms: Finite
+    sd_ms: Finite
+    steps: NonNegInt
+    samples_per_step: Finite | None = None
+
+
+class TuningFigures(Strict):
+    step_time: TuningStepTime | None = None
+    samples_per_s: Finite | None = None
+    batches_per_s: Finite | None = None
+
+
+class TuningInterval(Strict):
+    speedup: Finite
+    low: Finite
+    high: Finite
+    basis: Name
+
+
+class TuningRecord(Open):
+    """One window and decision of live tuning (`starvewatch.tuning/1`, hooks/live_tuner.py), or
+    a loader's outcome at the run's end (`decision` "outcome": start, final, gain, line)."""
+    t_ns: WallNs | None = None
+    loader: Name
+    schema_: Name | None = Field(None, alias="schema")
+    window: NonNegInt | None = None
+    windows: NonNegInt | None = None
+    decision: Name
+    stopped: Text | None = None
+    disabled: Text | None = None
+    config: TuningConfig | None = None
+    next: TuningConfig | None = None
+    start: TuningConfig | None = None
+    final: TuningConfig | None = None
+    figures: TuningFigures | None = None
+    interval: TuningInterval | None = None
+    gain: TuningInterval | None = None
+    advice: list[Name] | None = Field(None, max_length=100)
+    done: bool | None = None
+    mid_epoch: bool | None = None
+    line: Text | None = None
+
+
 MAX_WORKER_BATCHES = 4096  # hooks/delivery/attribution.py SHIP_PER_BATCH
 WorkerBatchNs = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
@@ -359,6 +415,9 @@ class EventBatch(Strict):
     samples: list[Sample] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["samples"])
     workers: list[WorkerSnapshot] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["workers"])
     stalls: list[Stall] = Field(default_factory=list, max_length=MAX_LIST_RECORDS["stalls"])
+    # Live tuning's records (a few per epoch at most): repeated in every part of a split batch,
+    # stored from its first part only, as worker_batches.
+    tuning: list[TuningRecord] = Field(default_factory=list, max_length=1000)
     drops: dict[str, NonNegInt] = Field(default_factory=dict, max_length=1000)
     # The sending process's delivery account as it stood when this batch left; the collector
     # keeps the one of the highest sequence number per stream.

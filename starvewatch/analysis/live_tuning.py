@@ -1,0 +1,256 @@
+"""Live tuning's decisions (issue 39): which loader configuration to run the next window with,
+and whether a tried change is kept. Pure: the training process (hooks/live_tuner.py) feeds it
+the loop's own step times per window and applies what it answers.
+
+One change at a time, from the current configuration: more workers (0 -> 2, then doubling),
+a deeper prefetch, persistent workers, pinned memory (with CUDA), out-of-order delivery (only
+where the ranked advice proposes it). Advice (recommendations of the summary's schema) goes
+first where it names one of those settings. A change is kept when the loop's speed-up over
+the current configuration is beyond noise: the low end of the interval the compare page and
+verify-after-change compute (verification.speedup_interval, with its run-to-run floor) is
+above 1; else it is reverted. The search stops when no candidate is left, then holds still.
+
+Bounds: never more workers than usable cores when loading is CPU work (or not known to be
+waiting); memory bounds the count through the advice model's own budget (rules.memory_budget,
+with its reserve). An IterableDataset is tuned only N -> M, and only where the shard check
+shows it shards by worker (0 -> N would duplicate every sample)."""
+from __future__ import annotations
+
+import math
+
+from .throughput_model import Thresholds
+from .verification import speedup_interval
+
+SCHEMA = "starvewatch.tuning/1"
+MIN_WINDOW_STEPS = 16  # a window spans whole epochs until it holds this many steps
+# ... or, in a long epoch of a map-style loader, is decided in its middle at this many steps
+# (hooks/live_tuner.py: the old iterator delivers what it holds, the new one takes the rest)
+MID_EPOCH_WINDOW_STEPS = 64
+TUNED_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order")
+# Advice parameters a live loader can take (batch_size changes the step: not tuned live).
+_ADVISED = {"num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order"}
+
+
+def tuned_part(config: dict) -> dict:
+    """The settings tuning may change, with torch's defaults filled in."""
+    workers = int(config.get("num_workers") or 0)
+    prefetch = config.get("prefetch_factor")
+    return {"num_workers": workers,
+            "prefetch_factor": (prefetch if prefetch is not None else 2) if workers else prefetch,
+            "persistent_workers": bool(config.get("persistent_workers")),
+            "pin_memory": bool(config.get("pin_memory")),
+            "in_order": config.get("in_order") is not False}
+
+
+def window_figures(durations_ns: list[int], samples_per_step: float | None) -> dict | None:
+    """A window's step time (mean over every step, start-up included; spread from the steady
+    steps) in the shape verification.per_sample_ms reads; None without steps."""
+    if not durations_ns:
+        return None
+    n = len(durations_ns)
+    mean_ms = sum(durations_ns) / n / 1e6
+    steady = durations_ns[1:] if n > 2 else durations_ns
+    m = sum(steady) / len(steady)
+    sd_ms = math.sqrt(sum((d - m) ** 2 for d in steady) / max(1, len(steady) - 1)) / 1e6
+    rate = (samples_per_step or 1.0) / (mean_ms / 1e3) if mean_ms > 0 else None
+    return {"step_time": {"mean_ms": mean_ms, "sd_ms": sd_ms, "steps": n,
+                          "samples_per_step": samples_per_step},
+            "samples_per_s" if samples_per_step else "batches_per_s": rate}
+
+
+class _BudgetFacts:
+    """What rules.memory_budget reads of a loader, from the training process's own readings."""
+
+    def __init__(self, name: str, config: dict, per_worker_bytes: int, system: dict) -> None:
+        self.name = name
+        self.config = config
+        self.workers = config.get("num_workers") or 0
+        self.active_workers = self.workers
+        self.system = system
+        self.worker_info = {"worker_mem_bytes_max": per_worker_bytes}
+
+    def evidence(self, **extra) -> dict:
+        return {"num_workers": self.workers, **extra}
+
+
+def memory_workers(name: str, config: dict, per_worker_bytes: int | None, system: dict) -> int | None:
+    """The most workers the advice model's memory budget allows (rules.memory_budget, its
+    reserve), or None when it cannot say (no workers measured yet)."""
+    from .rules import memory_budget
+    if not per_worker_bytes or not config.get("num_workers"):
+        return None
+    props = memory_budget(_BudgetFacts(name, config, per_worker_bytes, system), Thresholds(), {})
+    for p in props:
+        if p.get("parameter") == "num_workers":
+            return int(p["suggested"])
+    return None
+
+
+def bounds_for(cores: int, *, memory_most: int | None = None, loading_waits: bool = False,
+               iterable: bool = False, shards_by_worker: bool = False, cuda: bool = False) -> dict:
+    """The limits one loader is tuned within. Loading that waits (I/O, sleeps) is not held
+    to the cores; without a memory reading it is held to 4 per core."""
+    cores = max(1, int(cores))
+    most = (memory_most if memory_most is not None else 4 * cores) if loading_waits else cores
+    if memory_most is not None:
+        most = min(most, memory_most)
+    return {"max_workers": max(0, most), "cores": cores, "loading_waits": loading_waits,
+            "iterable": iterable, "shards_by_worker": shards_by_worker, "cuda": cuda}
+
+
+def candidates(current: dict, bounds: dict, advice: list[dict] | None = None) -> list[dict]:
+    """One-change configurations to try from `current`, best first."""
+    cur = tuned_part(current)
+    out: list[dict] = []
+    workers, most = cur["num_workers"], bounds["max_workers"]
+
+    def add(**change) -> None:
+        new = dict(cur, **change)
+        if new["num_workers"] and new["prefetch_factor"] is None:
+            new["prefetch_factor"] = 2  # 0 -> N: torch's next iter() needs one
+        if new != cur and new not in out and _allowed(cur, new, bounds):
+            out.append(new)
+
+    for rec in advice or []:
+        if rec.get("parameter") in _ADVISED and rec.get("kind", "speedup") == "speedup":
+            also = {k: v for k, v in (rec.get("also") or {}).items() if k in _ADVISED}
+            add(**{**also, rec["parameter"]: rec["suggested"]})
+    more = 2 if workers == 0 else workers * 2
+    if min(more, most) > workers:
+        add(num_workers=min(more, most))
+    if workers:
+        if (cur["prefetch_factor"] or 2) < 4:
+            add(prefetch_factor=4)
+        if not cur["persistent_workers"]:
+            add(persistent_workers=True)
+    if bounds.get("cuda") and not cur["pin_memory"]:
+        add(pin_memory=True)
+    return out
+
+
+def _allowed(cur: dict, new: dict, bounds: dict) -> bool:
+    workers = new["num_workers"]
+    if workers > max(bounds["max_workers"], cur["num_workers"]):
+        return False
+    if bounds.get("iterable") and workers != cur["num_workers"]:
+        # Never 0 -> N (every worker would yield every sample), and N -> M only where the
+        # shard check saw the workers read disjoint data.
+        if not cur["num_workers"] or not workers or not bounds.get("shards_by_worker"):
+            return False
+    if new["in_order"] is False and not workers:
+        return False
+    return True
+
+
+class TuningPlan:
+    """The search for one loader: `config()` says what the next window runs with;
+    `window_done(figures)` takes its measurement and answers the decision (a record)."""
+
+    def __init__(self, start: dict, bounds: dict, advice: list[dict] | None = None) -> None:
+        self.start = tuned_part(start)
+        self.current = dict(self.start)
+        self.bounds = bounds
+        self.advice = advice or []
+        self.best: dict | None = None  # the current configuration's figures
+        self.start_figures: dict | None = None
+        self.trying: dict | None = None
+        self.tried: list[dict] = [dict(self.start)]
+        self.done = False
+        self.stop_reason: str | None = None
+        self.window = 0
+
+    def config(self) -> dict:
+        return dict(self.trying or self.current)
+
+    def _next_candidate(self) -> dict | None:
+        for cand in candidates(self.current, self.bounds, self.advice):
+            if cand not in self.tried:
+                return cand
+        return None
+
+    def window_done(self, figures: dict | None) -> dict:
+        """The decision after one window of the configuration `config()` gave."""
+        self.window += 1
+        record = {"schema": SCHEMA, "window": self.window, "config": self.config(),
+                  "figures": _rounded(figures)}
+        advised = [r.get("parameter") for r in self.advice if r.get("parameter") in _ADVISED]
+        if advised:
+            record["advice"] = advised
+        if figures is None:
+            record["decision"] = "no_steps"
+            return record
+        if self.trying is None:  # the current configuration's window (the first: the start)
+            self.best = figures
+            if self.start_figures is None:
+                self.start_figures = figures
+            record["decision"] = "measured"
+        else:
+            interval = speedup_interval(self.best, figures)
+            record["interval"] = _rounded(interval)
+            if interval is not None and interval["low"] > 1.0:
+                self.current, self.best = self.trying, figures
+                record["decision"] = "kept"
+            else:
+                record["decision"] = "slower_reverted" if interval and interval["high"] < 1.0 else "reverted"
+            self.trying = None
+        return self._advance(record)
+
+    def _advance(self, record: dict) -> dict:
+        nxt = None if self.done else self._next_candidate()
+        if nxt is None:
+            if not self.done:
+                self.done, self.stop_reason = True, "no candidate left"
+                record["stopped"] = self.stop_reason
+        else:
+            self.trying = nxt
+            self.tried.append(nxt)
+            record["next"] = nxt
+        return record
+
+    def abandon(self, reason: str) -> dict:
+        """A change failed to apply (or tuning must stop): back to the last good configuration."""
+        self.trying = None
+        self.done, self.stop_reason = True, reason
+        return {"schema": SCHEMA, "window": self.window, "config": dict(self.current),
+                "decision": "disabled", "stopped": reason}
+
+    def outcome(self) -> dict:
+        """Start and final configurations with the measured gain (final over start)."""
+        gain = speedup_interval(self.start_figures, self.best) \
+            if self.start_figures is not None and self.best is not None and self.best is not self.start_figures else None
+        return {"schema": SCHEMA, "start": dict(self.start), "final": dict(self.current),
+                "windows": self.window, "done": self.done, "stopped": self.stop_reason,
+                "gain": _rounded(gain)}
+
+
+def _rounded(d):
+    if isinstance(d, dict):
+        return {k: _rounded(v) for k, v in d.items()}
+    if isinstance(d, float):
+        return round(d, 4)
+    return d
+
+
+def found_line(config: dict | None, outcome: dict, loader: str) -> str | None:
+    """The line to copy with the found configuration (analysis/snippet.py), or None when
+    tuning kept the start."""
+    from .snippet import snippet
+    start, final = outcome["start"], outcome["final"]
+    recs = [{"loader": loader, "parameter": k, "suggested": final[k]} for k in TUNED_KEYS
+            if final.get(k) != start.get(k)]
+    return snippet(config, recs, loader) if recs else None
+
+
+def outcome_text(outcome: dict) -> str:
+    """One report line: start -> final and the measured gain."""
+    start, final = outcome["start"], outcome["final"]
+    changed = [f"{k} {start.get(k)!r} -> {final.get(k)!r}" for k in TUNED_KEYS
+               if final.get(k) != start.get(k)
+               and not (k == "prefetch_factor" and not start.get("num_workers") and final.get(k) == 2)]
+    gain = outcome.get("gain")
+    measured = (f": {gain['speedup']:.2f}x [{gain['low']:.2f}, {gain['high']:.2f}] {gain['basis']}"
+                if gain else "")
+    what = ", ".join(changed) if changed else "kept its configuration"
+    off = f" (then off: {outcome['disabled']})" if outcome.get("disabled") else ""
+    return f"tuned {outcome['loader']}: {what}{measured} over {outcome['windows']} windows{off}"
+
