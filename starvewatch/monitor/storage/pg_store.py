@@ -341,7 +341,7 @@ class PgStore(Store):
         if claimed is None:
             w.pipeline_off()
             return False
-        batch, _ = claimed
+        batch, stored = claimed
         upsert_stream(raw.execute, "postgresql", batch, now)
         if len(batch.steps):
             insert_steps(w, batch, self._stats, self._save_stats)
