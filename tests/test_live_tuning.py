@@ -344,13 +344,15 @@ def test_a_worker_crash_mid_epoch_turns_tuning_off_for_the_next_epochs(memory_ru
         assert sorted(seen) == list(range(64))
 
 
-def test_the_run_page_shows_the_tuning_timeline_stored_once(tmp_path):
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_the_run_page_shows_the_tuning_timeline_stored_once(tmp_path, request, database):
     """The records as the collector stores them (a batch split in two parts carries them in
-    both, a replay again): one row per window on the run page's panel, the outcome and its line."""
+    both, a replay again): one row per window on the run page's panel, the outcome and its line;
+    on either store."""
     import orjson
     from starvewatch.dashboard.tuning_panel import live_panel
+    from starvewatch.monitor.storage.open_store import open_store
     from starvewatch.monitor.storage.query import Query
-    from starvewatch.monitor.storage.store import Store
     from starvewatch.monitor.web.wire_models import EventBatch
     from tests.test_collector_api import batch
     from tests.test_dashboard_views import _text
@@ -369,7 +371,7 @@ def test_the_run_page_shows_the_tuning_timeline_stored_once(tmp_path):
         {"schema": "starvewatch.tuning/1", "loader": "train", "decision": "outcome", "start": cfg, "final": two,
          "windows": 2, "gain": {"speedup": 1.8, "low": 1.4, "high": 2.3, "basis": "samples/s"},
          "line": "DataLoader(dataset, batch_size=4, num_workers=2)", "t_ns": 1_700_000_003 * 10**9}]
-    store = Store(tmp_path / "db.sqlite")
+    store = open_store(str(tmp_path / "db.sqlite") if database == "sqlite" else request.getfixturevalue("postgres_url"))
     whole = dict(batch(n=10), tuning=records)
     for part in ([0, 6], [6, 10]):  # the batch split in two parts: each carries the records
         store.ingest(EventBatch.model_validate_json(orjson.dumps(dict(whole, part=part, steps={
