@@ -478,3 +478,46 @@ def test_under_torchrun_each_rank_says_it_tunes_on_its_own(memory_run, monkeypat
     assert _tuner(loader).disabled is None
     lines = [l for l in capsys.readouterr().err.splitlines() if "starvewatch: tuning" in l]
     assert lines == ["starvewatch: tuning 'train': rank 1 of 2 tunes on its own measurements"]
+
+
+def test_a_decision_point_never_waits_for_the_advice(memory_run, monkeypatch):
+    """The ranked advice (a summarize() of the run) is computed on the tuner's own thread: here
+    it blocks until the test lets it go, and the loop goes through its decisions meanwhile, no
+    step slower than a generous bound on the loop's own clock; once the list is ready, the next
+    decision uses it."""
+    import threading
+    _forced(monkeypatch, 1.5, 2.0)
+    monkeypatch.setattr("starvewatch.cpus.usable_cores", lambda *a, **k: 4)
+    release, threads = threading.Event(), []
+
+    def slow_advice(self):
+        threads.append(threading.current_thread())
+        release.wait(60)  # a computation far slower than a window: a loop waiting on it would show it
+        return [{"parameter": "num_workers", "suggested": 3, "kind": "speedup"}]
+
+    monkeypatch.setattr(LoaderTuner, "_advice", slow_advice)
+    loader = starvewatch.watch(DataLoader(Indices(), batch_size=4), tune=True)
+    tuner = _tuner(loader)
+    try:
+        steps_s = []
+        for _ in range(3):
+            it = iter(loader)
+            while True:
+                t = time.perf_counter()
+                try:
+                    next(it)
+                except StopIteration:
+                    break
+                steps_s.append(time.perf_counter() - t)
+        decided = [r["decision"] for r in tuner.records]
+        assert decided == ["measured", "kept"], tuner.records  # two decisions while the advice was blocked
+        assert max(steps_s) < 20.0, max(steps_s)  # far under the 60 s the advice would have cost each
+        assert tuner.advice.computed == 0 and all("advice" not in r for r in tuner.records)
+    finally:
+        release.set()
+    deadline = time.monotonic() + 60
+    while not tuner.advice.ready and time.monotonic() < deadline:
+        time.sleep(0.01)  # waiting for the other thread's swap: the state under test, not a guess
+    assert tuner.advice.ready and threads and all(t is not threading.main_thread() for t in threads)
+    _epochs(loader, 1)
+    assert tuner.records[-1].get("advice") == ["num_workers"], tuner.records[-1]

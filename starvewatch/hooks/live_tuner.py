@@ -207,6 +207,7 @@ class LoaderTuner:
         self.feed: _BatchFeed | None = None  # the twin's batch_sampler (map-style loaders)
         self.loader_ref = None  # the user's loader of the running epoch
         self.samples_per_step = getattr(loader, "batch_size", None)
+        self.advice = _AdviceThread(self)
         self.user_config = live_tuning.tuned_part(state.config or {})
         self.user_persistent = bool(self.user_config["persistent_workers"] and self.user_config["num_workers"])
         if not internals.supported():
@@ -291,6 +292,7 @@ class LoaderTuner:
     def _config(self) -> dict:
         if self.plan is None:
             self.plan = live_tuning.TuningPlan(self.state.config or {}, self._bounds())
+            self.advice.request()  # ready, at the latest, for the second decision
         if self.disabled or self.plan.done:
             return self.plan.current
         return self.plan.config()
@@ -299,6 +301,7 @@ class LoaderTuner:
         """The run ends (finish()): the open window is decided on what it holds, so that the
         last configuration tried is judged (and the summary's final one is a measured one)."""
         try:
+            self.advice.stop()
             with self.lock:
                 self._close_window(final=True)
         except Exception as exc:  # the summary goes on without the last decision
@@ -324,9 +327,11 @@ class LoaderTuner:
             return
         self.plan.bounds = self._bounds()
         if not final:
-            self.plan.advice = self._advice()
+            self.plan.advice = self.advice.ready  # the last list computed; never waited for
         figures = live_tuning.window_figures(steps, self.samples_per_step)
         self._record(dict(self.plan.window_done(figures), **where))
+        if not (final or self.plan.done):
+            self.advice.request()  # for the next decision, on the run as it is now
 
     def _draw_seed(self, loader) -> None:
         """One draw of the user's RNG where the untuned loader would draw its base seed: every
@@ -460,8 +465,9 @@ class LoaderTuner:
 
     def _advice(self) -> list[dict]:
         """The ranked advice for this loader on the run so far (the summary's recommendations,
-        with its configuration as tuned now), the plan's first candidates. Once per window, at
-        an epoch boundary; [] when the run has too little to say or the analysis fails."""
+        with its configuration as tuned now), the plan's first candidates. On _AdviceThread's
+        thread, once per window; [] when the run has too little to say or the analysis fails
+        (the session's lists may change under it: then [] too, and the next window's try)."""
         session = self.state.session
         try:
             from ..analysis.summary import LoaderData, summarize
@@ -523,6 +529,49 @@ class LoaderTuner:
         if self.disabled:
             out["disabled"] = self.disabled
         return out
+
+
+class _AdviceThread:
+    """The ranked advice computed off the training thread. A summarize() of the run took 36 ms
+    at the first decision (its imports) and 5 ms at the second on a 20,000-step run: too much
+    for a decision point inside next(). A window's close asks for a fresh list (`request`, an
+    Event set) and decides on `ready`, the last list computed, swapped whole by this thread:
+    a decision point never waits for it (the advice lags one window)."""
+
+    IDLE_CHECK_S = 30.0  # how often an idle thread checks that its tuner still searches
+
+    def __init__(self, tuner: LoaderTuner) -> None:
+        self.ready: list[dict] = []
+        self.computed = 0  # lists computed (tests read it)
+        self._tuner = weakref.ref(tuner)  # the thread keeps no loader alive
+        self._wanted = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def request(self) -> None:
+        if self._stopped:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="starvewatch-tuning-advice", daemon=True)
+            self._thread.start()
+        self._wanted.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wanted.set()
+
+    def _run(self) -> None:
+        while True:
+            asked = self._wanted.wait(self.IDLE_CHECK_S)
+            tuner = self._tuner()
+            if self._stopped or tuner is None or tuner.disabled or (tuner.plan is not None and tuner.plan.done):
+                return
+            if asked:
+                self._wanted.clear()
+                ready = tuner._advice()
+                self.ready = ready  # one attribute swap: the training thread reads a whole list
+                self.computed += 1
+            del tuner
 
 
 class _Plain:
