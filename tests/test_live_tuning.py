@@ -522,3 +522,31 @@ def test_a_decision_point_never_waits_for_the_advice(memory_run, monkeypatch):
     assert tuner.advice.ready and threads and all(t is not threading.main_thread() for t in threads)
     _epochs(loader, 1)
     assert tuner.records[-1].get("advice") == ["num_workers"], tuner.records[-1]
+
+
+def test_an_accelerate_dataloadershard_is_tuned_through_the_loader_it_iterates(memory_run, monkeypatch):
+    """accelerate's prepared loader iterates a real DataLoader (its base_dataloader, watched in
+    place): tuning that one changes its workers at epoch boundaries and mid-epoch (inside the
+    inner iterator, which accelerate's look-ahead does not see), and every epoch is the untuned
+    one's: the same samples in the same shuffled order, the same random stream after, one
+    accelerate epoch per pass."""
+    from accelerate.data_loader import DataLoaderShard
+    _forced(monkeypatch, 1.5, 2.0)
+    monkeypatch.setattr("starvewatch.cpus.usable_cores", lambda *a, **k: 2)
+
+    def run(tune: bool, n: int):
+        torch.manual_seed(11)
+        loader = starvewatch.watch(DataLoaderShard(Indices(n), batch_size=2, shuffle=True), f"acc{tune}{n}", tune=tune)
+        return _epochs(loader, 3), torch.rand(3), loader
+
+    for n in (32, 400):  # epochs of 16 batches (decided at their ends), of 200 (also mid-epoch)
+        untuned, untuned_after, _ = run(False, n)
+        tuned, tuned_after, loader = run(True, n)
+        assert type(loader).__name__ == "DataLoaderShard" and loader.iteration == 3
+        records = _tuner(loader.base_dataloader).records
+        assert [r["decision"] for r in records][:2] == ["measured", "kept"], records
+        assert any(r["config"]["num_workers"] == 2 for r in records)
+        assert any(r.get("mid_epoch") for r in records) == (n == 400)
+        assert tuned == untuned and torch.equal(tuned_after, untuned_after)
+        for seen in tuned:
+            assert Counter(seen) == Counter(range(n))
