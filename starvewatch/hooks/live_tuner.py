@@ -208,14 +208,21 @@ class LoaderTuner:
         self.loader_ref = None  # the user's loader of the running epoch
         self.samples_per_step = getattr(loader, "batch_size", None)
         self.advice = _AdviceThread(self)
+        self.step = 0  # steps of every closed window: the same decision points on every rank
+        self.board = None  # under torchrun with the agent's store: rank 0 decides for every rank
+        self.running: dict | None = None  # with a board: the configuration every rank runs now
+        self.last_point = -1  # with a board: the step of the last decision point passed
         self.user_config = live_tuning.tuned_part(state.config or {})
         self.user_persistent = bool(self.user_config["persistent_workers"] and self.user_config["num_workers"])
         if not internals.supported():
             self._off(f"torch {internals.torch_version()} is not one live tuning was checked on")
         elif not internals.is_plain_dataloader(loader):
             self._off(f"{type(loader).__name__} keeps state in its own iterator")
-        elif state.session.world_size > 1:  # rank 0 deciding for every rank is not built yet
-            self._say(f"rank {state.session.rank} of {state.session.world_size} tunes on its own measurements")
+        elif state.session.world_size > 1:
+            self.board = _board_for(state)
+            ranks = f"rank {state.session.rank} of {state.session.world_size}"
+            self._say(f"{ranks} tunes on its own measurements" if self.board is None else
+                      f"{ranks}: rank 0 decides for every rank, at epoch boundaries")
 
     # ---- per epoch (training thread) ----------------------------------------------------------
     def epoch(self, loader, base_iter):
@@ -248,7 +255,7 @@ class LoaderTuner:
         """After how many clock reads of this epoch's list the window is decided mid-epoch:
         never without a feed (an IterableDataset, a loader without batch_sampler), once the
         search is over, or with too few batches left for a window."""
-        if self.feed is None or self.disabled or self.plan is None or self.plan.done:
+        if self.feed is None or self.disabled or self.plan is None or self.plan.done or self.board is not None:
             return 1 << 62
         return max(2, live_tuning.MID_EPOCH_WINDOW_STEPS - held) + 2
 
@@ -293,15 +300,48 @@ class LoaderTuner:
         if self.plan is None:
             self.plan = live_tuning.TuningPlan(self.state.config or {}, self._bounds())
             self.advice.request()  # ready, at the latest, for the second decision
+        if self.board is not None:
+            return self._config_on_board()
         if self.disabled or self.plan.done:
             return self.plan.current
         return self.plan.config()
+
+    def _config_on_board(self) -> dict:
+        """At an epoch boundary under torchrun: what every rank runs from here (read from what
+        the board's thread swapped in: no store access). Rank 0 publishes its plan's next
+        configuration for the next boundary (the windows between are not judged)."""
+        board, rank = self.board, self.state.session.rank
+        if self.running is None:
+            self.running = dict(self.plan.current)
+        if board.revert is not None:  # a rank could not apply one: every rank goes back, off
+            self._disable(f"rank {board.revert.get('rank')} could not apply a change: {board.revert.get('reason')}")
+            return live_tuning.tuned_part(board.revert["config"])
+        if self.disabled:
+            return self.running
+        late = [d for d in board.due(self.step) if d["at_step"] <= self.last_point]
+        applied = board.decisions[:board.applied]
+        self.last_point = self.step
+        if late:  # read after the decision point it was due at: this rank would differ
+            board.publish_revert(self.running, f"rank {rank} read a decision late")
+            self._disable("this rank read a decision after its step")
+            return self.running
+        if applied and applied[-1]["config"] != self.running:
+            self.running = dict(applied[-1]["config"])
+            self._record({"schema": live_tuning.SCHEMA, "decision": "applied", "step": self.step,
+                          "config": dict(self.running), "rank": rank})
+        wanted = self.plan.config() if not self.plan.done else self.plan.current
+        pending = board.decisions[board.applied:]
+        if rank == 0 and not pending and wanted != self.running:
+            board.publish(wanted, at_step=self.step + 1)  # the next decision point, on every rank
+        return self.running
 
     def close_at_end(self) -> None:
         """The run ends (finish()): the open window is decided on what it holds, so that the
         last configuration tried is judged (and the summary's final one is a measured one)."""
         try:
             self.advice.stop()
+            if self.board is not None:
+                self.board.stop_polling()
             with self.lock:
                 self._close_window(final=True)
         except Exception as exc:  # the summary goes on without the last decision
@@ -314,12 +354,15 @@ class LoaderTuner:
             if steps:
                 steps[0] += times[1] - times[0]  # the epoch's start-up is its first step's wait
             self.window.extend(steps)
+            self.step += len(steps)
         if self.plan is None or self.disabled or self.plan.done:
             self.window = []
             return
         if len(self.window) < (2 if final else live_tuning.MIN_WINDOW_STEPS):
             return
         steps, self.window = self.window, []
+        if self.board is not None and (self.state.session.rank != 0 or self.running != self.plan.config()):
+            return  # with a board: rank 0 judges windows that ran the plan's configuration only
         where = {"mid_epoch": True} if mid_epoch else {}
         if self._stall_open():  # no decision on a window a stall ran through: measured again
             self._record({"schema": live_tuning.SCHEMA, "decision": "stall_open",
@@ -384,6 +427,12 @@ class LoaderTuner:
             raise exc
         with self.lock:
             self._disable(f"{_short(exc)} with {_changes(good, config)}")
+            if self.board is not None:  # every rank goes back to `good` at its next boundary
+                self.running = dict(good)
+                try:
+                    self.board.publish_revert(good, self.disabled)
+                except Exception as store_exc:  # the store gone: this rank alone reverts
+                    log.warning("starvewatch: tuning: revert not published: %s", _short(store_exc))
             if it is not None:
                 internals.shut_down(it)
             if self.feed is not None:
@@ -572,6 +621,18 @@ class _AdviceThread:
                 self.ready = ready  # one attribute swap: the training thread reads a whole list
                 self.computed += 1
             del tuner
+
+
+def _board_for(state):
+    """Rank 0's decisions for every rank, through the torchrun agent's store (the one the run
+    id is agreed in); None without it. Every rank polls it on a thread of its own."""
+    from .tuning_board import TuningBoard, agent_store
+    store = agent_store()
+    if store is None:
+        return None
+    board = TuningBoard(store, state.session.run_id, state.name, state.session.rank)
+    board.start_polling()
+    return board
 
 
 class _Plain:

@@ -11,13 +11,15 @@ Keys, under one prefix per run and loader: `n` (how many decisions, an integer c
 with add(key, 0), which never blocks), `d<k>` (decision k, JSON), `reverts` and `revert`
 (the first revert wins, by compare-and-set).
 
-Not yet wired into hooks/live_tuner.py: each rank still tunes on its own and says so."""
+hooks/live_tuner.py uses it at epoch boundaries only (a mid-epoch decision point depends on
+each rank's own window)."""
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
 import os
+import threading
 
 log = logging.getLogger("starvewatch.hooks")
 
@@ -63,6 +65,7 @@ class TuningBoard:
         self.store.set(f"{self.prefix}d{self.published}", json.dumps(decision))
         self.published += 1
         self.store.add(self.prefix + "n", 1)  # after the decision's key: a reader of n finds it
+        self.decisions = self.decisions + (decision,)  # rank 0 takes its own without a poll
         return decision
 
     # ---- any rank -------------------------------------------------------------------------
@@ -82,6 +85,25 @@ class TuningBoard:
             self.decisions = known + tuple(new)
         if self.revert is None and int(self.store.add(self.prefix + "reverts", 0)) > 0:
             self.revert = json.loads(self.store.get(self.prefix + "revert"))
+
+    def start_polling(self, interval_s: float = 0.01) -> None:
+        """A daemon thread that polls until `stop_polling` (a store gone: it stops, logged)."""
+        self._halt = threading.Event()
+        threading.Thread(target=self._poll_loop, args=(interval_s,), name="starvewatch-tuning-board",
+                         daemon=True).start()
+
+    def stop_polling(self) -> None:
+        halt = getattr(self, "_halt", None)
+        if halt is not None:
+            halt.set()
+
+    def _poll_loop(self, interval_s: float) -> None:
+        while not self._halt.wait(interval_s):
+            try:
+                self.poll()
+            except Exception as exc:
+                log.warning("starvewatch: tuning: the store stopped answering (%s)", type(exc).__name__)
+                return
 
     def due(self, step: int) -> list[dict]:
         """Training thread, at a decision point at `step`: the decisions to apply now, in order
