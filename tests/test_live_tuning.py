@@ -384,7 +384,13 @@ def test_the_run_page_shows_the_tuning_timeline_stored_once(tmp_path, request, d
     assert "0 workers" in text and "2 workers" in text and "1.80x [1.40, 2.30]" in text and "kept" in text
     assert "train: 0 workers -> 2 workers, measured 1.80x" in text
     assert "DataLoader(dataset, batch_size=4, num_workers=2)" in text
-    assert Query(store).summary("run-a")["live_tuning"]["loaders"][0]["line"] == records[2]["line"]
+    summary = Query(store).summary("run-a")
+    assert summary["live_tuning"]["loaders"][0]["line"] == records[2]["line"]
+    from starvewatch.monitor.outputs.export import to_markdown
+    report = to_markdown(summary)  # the Markdown export: the windows, start -> final, the line
+    assert "## Live tuning" in report and "Measured tuning" not in report
+    assert "| train | 2 | 2 | 2 | False | 150.0 | 1.80x [1.40, 2.30] | kept |" in report
+    assert "tuned train: num_workers 0 -\\> 2: 1.80x" in report and records[2]["line"] in report
 
 
 def test_what_cannot_be_tuned_says_so_once_and_iterates_as_before(memory_run, monkeypatch, capsys):
