@@ -3,7 +3,9 @@ per-batch records (worker_batches.py), by overlap.
 
 For a step's wait [a, b] (a: when next() was called, or iter() for an epoch's first step; b:
 when the batch came back), the batch the loop waited for is found in the workers' records
-(with in_order=True the one numbered like the step; without, the next one handed over), and
+(with in_order=True the one numbered like the step; without, the next one written into the
+result queue's pipe: the order the loop receives them, which the hand-over times alone do not
+give, worker_batches.py), and
 [a, b] is cut along what the batch's worker was doing: starting up, idle on its index queue,
 busy with its earlier batches (this one not yet scheduled), fetching the samples, collating;
 the part after the worker handed it over is the main process's (the result queue, unpickling,
@@ -27,7 +29,7 @@ from ...worker_batches import RING, FIRST, RingReader
 
 _errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
 
-(IDX, WAIT_START, GOT, FETCH, C0, C1, DONE, FLAGS) = range(8)
+(IDX, WAIT_START, GOT, FETCH, C0, C1, DONE, FLAGS, SENT) = range(9)
 KEEP = RING  # records kept per worker: a few seconds of the fastest worker
 # Records shipped to the collector (for `starvewatch export -f trace`): at most SHIP_MAX per
 # loader and run, at most SHIP_PER_BATCH per batch; the rest is counted, not shipped.
@@ -114,7 +116,7 @@ class LoaderRecords:
         self.window = max(1, int(workers) * int(config.get("prefetch_factor") or 2))
         self.history = [WorkerHistory() for _ in range(int(workers))]
         self.by_idx: dict[int, list] = {}  # batch number -> [(worker, position)]
-        self.arrivals: list = []  # (done, worker, position) heap: in_order=False's hand-over order
+        self.arrivals: list = []  # (sent, worker, position) heap: in_order=False's arrival order
         self.epoch_starts: dict = {}
         self.outbox: list = []  # (worker, record) to ship with the next batch
         self.shipped = 0
@@ -133,8 +135,8 @@ class LoaderRecords:
             entries.append((worker, position))
             if len(entries) > 8:  # the same number in many epochs: the recent ones matter
                 del entries[:-4]
-            if not self.in_order:
-                heapq.heappush(self.arrivals, (r[DONE], worker, position))
+            if not self.in_order:  # in the order the loop receives them (the put's, if untimed)
+                heapq.heappush(self.arrivals, (r[SENT] or r[DONE], worker, position))
             batches[worker] += 1
             busy[worker] += r[DONE] - r[GOT]
             if self.shipped + len(self.outbox) < SHIP_MAX and len(self.outbox) < SHIP_PER_BATCH:
