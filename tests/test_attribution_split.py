@@ -42,3 +42,25 @@ def test_a_batch_ready_before_the_call_is_all_handover_and_missing_records_are_u
     history = [rec(7, 40, 45, 45, 60, 61, 62)]
     assert stages_of(0, 70, history, 0) == (62, {"unknown": 40, "idle": 5, "fetch": 15, "collate": 2,
                                                   "handover": 8})
+
+
+def test_out_of_order_batches_are_taken_in_the_order_they_entered_the_pipe(tmp_path):
+    # in_order=False: worker 0 put its batch first (done 100) but its feeder wrote it into the
+    # result queue after worker 1's (sent 130 against 120): the loop received worker 1's first.
+    from starvewatch.hooks.delivery.attribution import LoaderRecords
+    from starvewatch.stats import LoaderTotals
+    from starvewatch.worker_batches import RING_BYTES, ring_offset, write
+    path = tmp_path / "board"
+    path.write_bytes(b"\0" * (2 * RING_BYTES))
+    import mmap
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as board:
+        write(board, ring_offset(0, 0), rec(0, 10, 20, 20, 0, 0, 100, FIRST) + (130,))
+        write(board, ring_offset(0, 1), rec(1, 10, 20, 20, 0, 0, 110, FIRST) + (120,))
+    records = LoaderRecords([str(path), 2, 0], {"in_order": False, "prefetch_factor": 2})
+    try:
+        records.pull(LoaderTotals())
+        assert records.find(0, 125, None) == (1, 0)
+        assert records.find(1, 140, None) == (0, 0)
+        assert records.find(2, 200, None) is None
+    finally:
+        records.reader.close()
