@@ -29,7 +29,7 @@ import orjson
 from ...batch_parts import uncovered
 from ...stats import RecordStats
 from . import pg_dialect, pg_schema
-from .batch_records import only_records
+from .batch_records import event_rows, only_records
 from .step_ingest import insert_steps
 from .store import Store
 
@@ -378,8 +378,7 @@ class PgStore(Store):
             with w.copy("COPY phases (run_id, rank, loader, epoch, step, name, ns) FROM STDIN") as copy:
                 for p in batch.phases:
                     copy.write_row((batch.run_id, batch.rank, *p))
-        events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
-                  for e in getattr(batch, kind)]
+        events = event_rows(batch, first, stored)
         if events:
             with w.copy("COPY events (run_id, rank, kind, t_ns, data) FROM STDIN") as copy:
                 for kind, e in events:

@@ -25,7 +25,7 @@ from ...private_files import FILE_MODE, make_private_dirs
 from ...stats import LoaderTotals, RecordStats
 from . import database_file
 from ..budget import retention, rollup_bands, run_rollups
-from .batch_records import only_records
+from .batch_records import event_rows, only_records
 from .run_bounds import check_batch, check_stream_owner, check_tuning
 from .step_ingest import insert_steps
 from .store_schema import DDL, SCHEMA_VERSION, migrate_tables
@@ -134,12 +134,7 @@ class Store:
                 if batch.phases:
                     w.executemany("INSERT INTO phases VALUES (?, ?, ?, ?, ?, ?, ?)",
                                   [(batch.run_id, batch.rank, *p) for p in batch.phases])
-                events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
-                          for e in getattr(batch, kind)]
-                if batch.worker_batches is not None and not stored and first == 0:
-                    # Repeated in every part of a split batch: kept once, from the first.
-                    records = batch.worker_batches.model_dump()
-                    events.append(("worker_batches", {"t_ns": min(records["done_ns"] or [0]), **records}))
+                events = event_rows(batch, first, stored)
                 if events:
                     w.executemany("INSERT INTO events (run_id, rank, kind, t_ns, data) VALUES (?, ?, ?, ?, ?)",
                                   [(batch.run_id, batch.rank, kind, int(e.get("t_ns") or time.time_ns()),
