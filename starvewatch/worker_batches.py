@@ -68,19 +68,25 @@ def _ordered(record: tuple) -> bool:
 
 
 class RingReader:
-    """The reading side, for one board file: the records written since the last `take()`."""
+    """The reading side, for one board file: the records written since the last `take()`.
 
-    def __init__(self, path: str, num_workers: int, base: int) -> None:
+    `counted`: per worker, how many of its records an earlier reader of the same board has
+    read and counted already (a sidecar, before the training process took its work over):
+    those are read again (a step still to join may need them) but marked as not new."""
+
+    def __init__(self, path: str, num_workers: int, base: int, counted: list[int] | None = None) -> None:
         self.path = path
         self.num_workers = num_workers
         self.base = base
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.seen = [0] * num_workers
+        self.counted = (list(counted or ()) + [0] * num_workers)[:num_workers]
         self.lost = 0  # records a lapping writer overwrote before they were read
 
-    def take(self) -> list[tuple[int, tuple]]:
-        """(worker id, record) for every record new since the last call, per worker in order."""
+    def take(self) -> list[tuple[int, tuple, bool]]:
+        """(worker id, record, new) for every record written since the last call, per worker
+        in order; `new` is False for a record an earlier reader counted (`counted`)."""
         out = []
         for worker in range(self.num_workers):
             offset = ring_offset(self.base, worker)
@@ -91,12 +97,12 @@ class RingReader:
             if count < seen:  # a board reused from the start (never by the writers): read again
                 seen = 0
             first = max(seen, count - RING)
-            self.lost += first - seen
+            self.lost += max(0, first - max(seen, self.counted[worker]))
             for n in range(first, count):
                 record = REC.unpack_from(self._map, offset + HEADER.size + (n % RING) * REC.size)
                 if _ordered(record):
-                    out.append((worker, record))
-                else:
+                    out.append((worker, record, n >= self.counted[worker]))
+                elif n >= self.counted[worker]:
                     self.lost += 1
             self.seen[worker] = count
         return out

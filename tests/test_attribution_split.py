@@ -64,3 +64,39 @@ def test_out_of_order_batches_are_taken_in_the_order_they_entered_the_pipe(tmp_p
         assert records.find(2, 200, None) is None
     finally:
         records.reader.close()
+
+
+def test_a_reader_taking_over_counts_and_ships_only_what_the_first_did_not(tmp_path):
+    # The sidecar read worker 0's first two records and its steps took the first (in_order=False);
+    # after it died, this process reads the board again from the sidecar's book.
+    from starvewatch.hooks.delivery.attribution import LoaderRecords
+    from starvewatch.stats import LoaderTotals
+    from starvewatch.worker_batches import RING_BYTES, ring_offset, write
+    path = tmp_path / "board"
+    path.write_bytes(b"\0" * RING_BYTES)
+    import mmap
+    config = {"in_order": False, "prefetch_factor": 2}
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as board:
+        write(board, ring_offset(0, 0), rec(0, 10, 20, 20, 0, 0, 30, FIRST) + (31,))
+        write(board, ring_offset(0, 0), rec(1, 30, 40, 40, 0, 0, 50) + (51,))
+        first = LoaderRecords([str(path), 1, 0], config)
+        first_totals = LoaderTotals()
+        first.pull(first_totals)
+        assert first.find(0, 35, None) == (0, 0)
+        assert len(first.outbox) == 2
+        first.outbox.clear()
+        first.shipped = 2
+        resume = first.to_dict()
+        first.reader.close()
+        write(board, ring_offset(0, 0), rec(2, 50, 60, 60, 0, 0, 70) + (71,))
+    taken_over = LoaderRecords([str(path), 1, 0], config, resume)
+    totals = LoaderTotals()
+    try:
+        taken_over.pull(totals)
+        assert totals.worker_batches == [1] and totals.worker_batch_ns == [10]  # batch 2's only
+        assert [r[0] for _, r in taken_over.outbox] == [2] and taken_over.shipped == 2
+        # The next steps get batches 1 and 2 (batch 0 went to a step the sidecar joined).
+        assert [taken_over.history[0].get(p)[0] for p in (taken_over.find(1, 60, None)[1],
+                                                          taken_over.find(2, 80, None)[1])] == [1, 2]
+    finally:
+        taken_over.reader.close()
