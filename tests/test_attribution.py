@@ -117,6 +117,8 @@ def test_a_slow_worker_is_named_with_its_share_and_its_stage(collector, monkeypa
     # Intersections, not sums: the stages and the workers add up to the wait, never more.
     assert abs(sum(s["share"] for s in attribution["stages"].values()) - 1.0) < 1e-6
     assert abs(sum(shares) + attribution["main_process_share"] - 1.0) < 1e-6
+    # The loop waited through hand-overs: part of each still in the worker (its feeder).
+    assert 0 < attribution["handover_send_share"] <= attribution["main_process_share"]
     # Each worker's own batch time, every batch counted: as the batch's own stamps say (from
     # the first __getitem__'s start to the collate's end). Unstamped, and the worker's: its
     # indices' unpickling and torch's fetcher before the first sample, the record and the put

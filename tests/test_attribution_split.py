@@ -35,6 +35,16 @@ def test_a_wait_behind_the_worker_s_earlier_batch_is_not_scheduled_and_only_over
     assert owed == 62 and sum(stages.values()) == 70
 
 
+def test_the_part_of_the_hand_over_still_in_the_worker_is_counted_apart():
+    # Put at 175, its bytes entered the result queue at 190 (the worker's feeder pickled it);
+    # the loop waited 180..200: 10 of its 20 ms of hand-over were still the worker's.
+    history = [rec(0, 100, 110, 111, 150, 170, 175, FIRST) + (190,)]
+    owed, stages = stages_of(150, 200, history, 0)
+    assert stages == {"collate": 25, "handover": 25, "handover_send": 15} and owed == 25
+    owed, stages = stages_of(180, 200, history, 0)
+    assert stages == {"handover": 20, "handover_send": 10} and owed == 0
+
+
 def test_a_batch_ready_before_the_call_is_all_handover_and_missing_records_are_unknown():
     history = [rec(0, 0, 1, 1, 5, 6, 7)]
     assert stages_of(10, 30, history, 0) == (0, {"handover": 20})

@@ -45,6 +45,10 @@ def split(a: int, b: int, history: list, pos: int, stages: dict) -> int:
     r = history[pos]
     handover = max(0, b - max(a, r[DONE]))
     stages["handover"] += handover
+    if len(r) > SENT and r[SENT]:  # of the hand-over, the part still in the worker (its feeder)
+        send = min(b, r[SENT]) - max(a, r[DONE])
+        if send > 0:
+            stages["handover_send"] = stages.get("handover_send", 0) + send
     cursor = min(b, r[DONE])  # the worker's part: [a, cursor], walked back in time
     j = pos
     while cursor > a and j >= 0:
