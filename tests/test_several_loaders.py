@@ -322,4 +322,7 @@ def test_lightning_combined_loader_waits_for_both_and_counts_the_step_once(tmp_p
     # The truth is the program's clock around each loader's next() (collate and fetching in it,
     # as in the loaders' waits); Lightning's own per-step work (hooks, optimizer) is compute
     # here and in the truth.
-    assert summary["verdict"]["input_wait_fraction"] == pytest.approx(truth, abs=0.05)
+    verdict = summary["verdict"]
+    assert verdict["input_wait_fraction"] == pytest.approx(truth, abs=0.05), (
+        f"loading {result['loading_ns'] / 1e6:.1f} ms of {result['wall_ns'] / 1e6:.1f} ms on the program's clock; "
+        f"waits {verdict['input_wait_fraction'] * verdict['wall_s'] * 1e3:.1f} ms of {verdict['wall_s'] * 1e3:.1f} ms measured")
