@@ -49,6 +49,8 @@ def attribution_lines(summary: dict) -> list[str]:
             lines.append(f"| {n} | {w['share'] * 100:.1f}% | {w['head_of_line_ms']:.1f} | {batches} | "
                          f"{_fmt(per)} |")
         lines.append(f"| main process (hand-over) | {a['main_process_share'] * 100:.1f}% | | | |")
+        if a.get("handover_send_share"):
+            lines.append(f"| of it, still in the worker (pickling, sending) | {a['handover_send_share'] * 100:.1f}% | | | |")
         lines.append("")
     return lines
 
