@@ -100,3 +100,30 @@ def test_the_compare_report_names_the_tuning_change():
     comp = comparison(_plain_run("a", {"num_workers": 0}, 40), _tuned_run("b", final_ms=20))
     text = to_markdown(comp)
     assert "tuned: num_workers 0 -> 2" in text and "against the start windows" in text
+
+
+def test_the_collector_verifies_a_tuned_run_and_the_run_after_it(tmp_path):
+    """Stored records: the run page's summary of a tuned run verifies start -> final, and the
+    next run of the same name (untuned, the found configuration) is judged against its final
+    windows."""
+    import orjson
+    from starvewatch.monitor.storage.open_store import open_store
+    from starvewatch.monitor.storage.query import Query
+    from starvewatch.monitor.web.wire_models import EventBatch
+    from tests.test_collector_api import batch
+    from tests.test_tuning_chart import tuned_records
+
+    store = open_store(str(tmp_path / "db.sqlite"))
+    plain = batch(run_id="run-a", stream="sa", n=64, start_s=1_700_000_000, status="finished")
+    tuned = dict(batch(run_id="run-b", stream="sb", n=160, start_s=1_700_001_000, status="finished"), tuning=tuned_records())
+    found = batch(run_id="run-c", stream="sc", n=64, start_s=1_700_002_000, status="finished")
+    found["loaders"][0]["config"] = {"num_workers": 2, "prefetch_factor": 4}
+    for payload in (plain, tuned, found):
+        store.ingest(EventBatch.model_validate_json(orjson.dumps(payload)))
+    query = Query(store)
+    v = query.summary("run-b")["verification"]
+    assert v["previous_run"] == "run-a"
+    assert v["results"][0]["kind"] == "tuning" and v["results"][0]["measured_against"] == "start windows"
+    assert v["changed"]["train"]["num_workers"] == [0, 2] and v["results"][0]["status"] == "confirmed"
+    after = query.summary("run-c")["verification"]
+    assert after["previous_run"] == "run-b" and after["results"][0]["kind"] == "reproduces"
