@@ -229,6 +229,12 @@ def compare_rows(before: dict, after: dict) -> list[tuple]:
     return rows
 
 
+def _expected_text(r: dict) -> str:
+    """The prediction a verify result is judged against; none for a live tuning's own change."""
+    expected = r.get("judged_against") or r.get("expected_speedup")
+    return f"{_num(expected)}x" if expected else "none"
+
+
 def measured_with_interval(r: dict) -> str:
     """'2.05x [1.90, 2.21] samples/s' -- the verdict's interval and basis, where known."""
     if r.get("measured_speedup") is None:
@@ -250,7 +256,7 @@ def compare_table(before: dict | None, after: dict, verification: dict | None) -
                   "|---|---|---|---:|---:|---|"]
         for r in verification["results"]:
             lines.append(f"| {md_text(r['loader'])} | {change_label(r)} | {'yes' if r['applied'] else 'no'} | "
-                         f"{_num(r.get('judged_against') or r['expected_speedup'])}x | {measured_with_interval(r)} | {r['status']} |")
+                         f"{_expected_text(r)} | {measured_with_interval(r)} | {r['status']} |")
         notes = joint_changes_note(verification)
         if notes:
             lines += [""] + notes
