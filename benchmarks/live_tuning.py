@@ -150,7 +150,7 @@ def tuned_run(case: Case) -> dict:
     summary = starvewatch.finish(quiet=True) or {}
     del loader
     gc.collect()
-    tuning = summary.get("tuning") or {}
+    tuning = summary.get("live_tuning") or {}
     outcome = next(iter(tuning.get("loaders") or []), None) or {
         "start": tuned_part(case.kwargs), "final": tuned_part(case.kwargs), "gain": None}
     return {"outcome": {k: outcome.get(k) for k in ("start", "final", "gain", "windows", "stopped", "disabled")},

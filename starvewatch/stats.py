@@ -232,6 +232,11 @@ class LoaderTotals:
     wait_collate_ns: int = 0
     wait_handover_ns: int = 0
     wait_unknown_ns: int = 0
+    # Of wait_handover_ns, the part before the batch's bytes entered the result queue: its
+    # worker's feeder thread pickling it (tensors into shared memory) and waiting for the
+    # queue's write lock. The rest is the main process's (receiving, unpickling, the
+    # pin-memory thread, reordering), which nothing times apart yet.
+    wait_handover_send_ns: int = 0
     hol_wait_ns: int = 0
     worker_wait_ns: list = field(default_factory=list)
     worker_hol_ns: list = field(default_factory=list)

@@ -20,18 +20,28 @@ A record, per batch a worker hands over:
   collate_start_ns, collate_end_ns   collate_fn's call (0, 0: none seen, e.g. batch_size=None)
   done_ns        when the worker put the batch on the result queue (the hand-over begins)
   flags          FIRST: the worker process's first batch (before wait_start_ns it was starting)
+  sent_ns        when the batch's bytes went into the result queue's pipe, timed by the
+                 queue's feeder thread under the queue's write lock that every worker takes:
+                 the order of sent_ns is the order the loop receives the batches (0: not
+                 timed, e.g. a result queue that is not a multiprocessing.Queue). done_ns
+                 alone does not give that order: between the put and the write, the feeder
+                 thread pickles the batch (its tensors into shared memory) and may be
+                 descheduled, and a worker's first put starts its feeder thread.
+
+The record is written by whichever thread times its last field: the feeder thread after the
+write (the worker's main thread when the queue cannot be timed). One writer per ring either way.
 """
 from __future__ import annotations
 
 import mmap
 import struct
 
-REC = struct.Struct("<8q")
+REC = struct.Struct("<9q")
 HEADER = struct.Struct("<q")
 RING = 4096
 FIRST = 1
 FIELDS = ("idx", "wait_start_ns", "got_ns", "fetch_start_ns", "collate_start_ns", "collate_end_ns",
-          "done_ns", "flags")
+          "done_ns", "flags", "sent_ns")
 RING_BYTES = HEADER.size + RING * REC.size
 
 
@@ -49,26 +59,34 @@ def write(mapping, offset: int, record: tuple) -> None:
 
 def _ordered(record: tuple) -> bool:
     """A whole record (not torn by a lapping writer): its times in the order they happen."""
-    _, wait_start, got, fetch, c0, c1, done, _ = record
+    _, wait_start, got, fetch, c0, c1, done, _, sent = record
+    if sent and sent < done:
+        return False
     if c0:
         return 0 < wait_start <= got <= fetch <= c0 <= c1 <= done
     return 0 < wait_start <= got <= fetch <= done
 
 
 class RingReader:
-    """The reading side, for one board file: the records written since the last `take()`."""
+    """The reading side, for one board file: the records written since the last `take()`.
 
-    def __init__(self, path: str, num_workers: int, base: int) -> None:
+    `counted`: per worker, how many of its records an earlier reader of the same board has
+    read and counted already (a sidecar, before the training process took its work over):
+    those are read again (a step still to join may need them) but marked as not new."""
+
+    def __init__(self, path: str, num_workers: int, base: int, counted: list[int] | None = None) -> None:
         self.path = path
         self.num_workers = num_workers
         self.base = base
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.seen = [0] * num_workers
+        self.counted = (list(counted or ()) + [0] * num_workers)[:num_workers]
         self.lost = 0  # records a lapping writer overwrote before they were read
 
-    def take(self) -> list[tuple[int, tuple]]:
-        """(worker id, record) for every record new since the last call, per worker in order."""
+    def take(self) -> list[tuple[int, tuple, bool]]:
+        """(worker id, record, new) for every record written since the last call, per worker
+        in order; `new` is False for a record an earlier reader counted (`counted`)."""
         out = []
         for worker in range(self.num_workers):
             offset = ring_offset(self.base, worker)
@@ -79,12 +97,12 @@ class RingReader:
             if count < seen:  # a board reused from the start (never by the writers): read again
                 seen = 0
             first = max(seen, count - RING)
-            self.lost += first - seen
+            self.lost += max(0, first - max(seen, self.counted[worker]))
             for n in range(first, count):
                 record = REC.unpack_from(self._map, offset + HEADER.size + (n % RING) * REC.size)
                 if _ordered(record):
-                    out.append((worker, record))
-                else:
+                    out.append((worker, record, n >= self.counted[worker]))
+                elif n >= self.counted[worker]:
                     self.lost += 1
             self.seen[worker] = count
         return out

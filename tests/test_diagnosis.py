@@ -547,3 +547,56 @@ def test_in_order_false_is_verified_after_the_change_like_any_advice():
     [result] = s["verification"]["results"]
     assert (result["parameter"], result["applied"], result["status"]) == ("in_order", True, "confirmed")
     assert s["verification"]["changed"] == {"train": {"in_order": [True, False]}}
+
+
+# ---- records no real loader makes: a summary still finishes -----------------------------------
+def test_a_load_a_billion_times_the_compute_plans_at_most_max_workers(monkeypatch):
+    """Found by tests/test_fuzz_api.py under load: a stored loader waiting 1 s per step against
+    1 ns of compute sized ~10^9 workers, and worker_plan predicted every count up to it, so the
+    collector's GET of that run's summary never answered. Each count is one `speedup` call:
+    counted here (and stopped past any bound), so the test fails at once rather than hanging."""
+    from starvewatch.analysis import rules
+    calls = {"n": 0}
+    real = rules.speedup
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        assert calls["n"] <= 10_000, "worker_plan predicts worker counts without a bound"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rules, "speedup", counted)
+    s = run(loader(steps=20, wait_ms=1000, compute_ms=1e-6, workers=2, epochs=1))
+    workers = [r for r in s["recommendations"] if r["parameter"] == "num_workers"]
+    assert [r["kind"] for r in workers] == ["speedup"]
+    assert 2 < workers[0]["suggested"] <= DEFAULT.max_workers
+    assert workers[0]["evidence"]["workers_needed"] > 10**8  # what the loading asks for, said as it is
+    assert calls["n"] <= 2 * DEFAULT.max_workers + 10
+
+
+def test_a_huge_prefetch_factor_over_the_shm_budget_gets_the_deepest_that_fits(monkeypatch):
+    """A prefetch_factor of 2**62 (a valid 64-bit number in a batch) over the /dev/shm budget:
+    the deepest prefetch that fits is found by bisection; trying every depth below 2**62 never
+    ended. Each depth tried is one floor() of the budget: counted (and stopped past any bound)."""
+    import math
+    from starvewatch.analysis import rules
+
+    class CountedMath:
+        calls = 0
+
+        def __getattr__(self, name):
+            return getattr(math, name)
+
+        def floor(self, x):
+            CountedMath.calls += 1
+            assert CountedMath.calls <= 10_000, "memory_budget tries prefetch depths without a bound"
+            return math.floor(x)
+
+    monkeypatch.setattr(rules, "math", CountedMath())
+    # As case_memory_budget: 4 workers; 32 MiB of batches in /dev/shm at depth 2**62; 16 MiB
+    # budget: a depth d fits 4 workers while d x (32 MiB / (4 x 2**62)) x 4 <= 16 MiB -> 2**61.
+    s = run(loader(wait_ms=0.1, compute_ms=20, workers=4, prefetch=2**62, persistent=True),
+            system_info=system(load_ms=2, shm_total_bytes=100 * 2**20, shm_used_min_bytes=80 * 2**20,
+                               shm_used_max_bytes=112 * 2**20))
+    depth = [r["suggested"] for r in s["recommendations"] if r["parameter"] == "prefetch_factor"]
+    assert depth and abs(depth[0] - 2**61) <= 2**40, depth  # 2**61, within float rounding
+    assert 0 < CountedMath.calls <= 500

@@ -25,7 +25,7 @@ import sqlite3
 from urllib.parse import quote, urlencode
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -280,8 +280,23 @@ def ingest_and_check(server, client, body, headers, expect_valid: bool) -> None:
 
 
 # ---- the properties -----------------------------------------------------------------------------
+# Valid, and found by this test under load: ~18 min of waiting per step against 1 ns of compute
+# sized ~10^12 workers, and the summary predicted each count: its GET never answered.
+SLOW_LOADING = {"schema": "starvewatch.events/1", "run_id": "slow-loading", "stream": "slow-loading~0", "seq": 1,
+                "rank": 0, "status": "live",
+                "steps": {"loader": ["train"] * 12, "epoch": [0] * 12, "step": list(range(12)),
+                          "start_ns": [1_700_000_000 * 10**9 + i * 10**12 for i in range(12)],
+                          "wait_ns": [2**40] * 12, "compute_ns": [1] * 12, "other_ns": [0] * 12,
+                          "batch_size": [5] * 12, "gpu_idle_ns": [None] * 12},
+                "loaders": [{"name": "train", "kind": "DataLoader",
+                             "config": {"num_workers": 2, "batch_size": 5, "pin_memory": False},
+                             "totals": {"steps": 1000, "epochs": 1, "wait_ns": 1000 * 2**40, "compute_ns": 1000,
+                                        "samples": 5000}}]}
+
+
 @FUZZ
 @given(batch=valid_batches())
+@example(batch=SLOW_LOADING)
 def test_valid_batches_are_stored_and_readable(server, client, batch):
     ingest_and_check(server, client, encode(batch), {"Content-Type": "application/json"}, expect_valid=True)
 

@@ -40,8 +40,15 @@ def run(loader, name: str, epochs: int = 1, clock: dict | None = None) -> int:
     return batches
 
 
+# What this file is about. Other findings may hold as well and are tested where they belong:
+# on a loaded machine a worker kept off the CPU makes the loop wait for it while the other's
+# batch is ready, and the head-of-line finding (issue 38) says so, rightly (1 of 3 runs of
+# the file at load 10 found it on 'copies').
+SHARD_KINDS = frozenset({"idle_workers", "duplicated_shards"})
+
+
 def findings_of(summary, name: str) -> list[dict]:
-    return [f for f in summary["findings"] if f["loader"] == name]
+    return [f for f in summary["findings"] if f["loader"] == name and f["kind"] in SHARD_KINDS]
 
 
 def adds_workers(summary, name: str, now: int) -> list[dict]:

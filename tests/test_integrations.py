@@ -182,11 +182,11 @@ def test_lightning_callback_tunes_the_training_loader_at_epoch_boundaries(tmp_pa
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])["summary"]
     assert _loaders(summary)["train"]["steps"] == 64  # 4 epochs of 16 batches: none lost, none doubled
-    tuned = summary["tuning"]["loaders"]
+    tuned = summary["live_tuning"]["loaders"]
     assert [t["loader"] for t in tuned] == ["train"] and tuned[0]["start"]["num_workers"] == 0
-    configs = [r["config"]["num_workers"] for r in summary["tuning"]["records"]]
+    configs = [r["config"]["num_workers"] for r in summary["live_tuning"]["records"]]
     # measured, then more workers tried (2, or what the run's advice said, within the bounds)
-    assert configs[0] == 0 and len(configs) >= 2 and configs[1] > 0, summary["tuning"]["records"]
+    assert configs[0] == 0 and len(configs) >= 2 and configs[1] > 0, summary["live_tuning"]["records"]
 
 
 def test_lightning_under_torchrun_watches_the_loaders_rebuilt_with_a_distributed_sampler(collector, tmp_path):

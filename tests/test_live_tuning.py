@@ -121,8 +121,8 @@ def test_tuned_epochs_hold_every_sample_once_through_0_to_n_n_to_m_and_persisten
         assert Counter(seen) == Counter(range(64))
     assert isinstance(loader, DataLoader) and loader.num_workers == 0  # the user's object as it was
     summary = starvewatch.finish()
-    assert summary["tuning"]["loaders"][0]["final"]["num_workers"] == 3
-    assert summary["tuning"]["records"] and sw_session.current_session() is not None
+    assert summary["live_tuning"]["loaders"][0]["final"]["num_workers"] == 3
+    assert summary["live_tuning"]["records"] and sw_session.current_session() is not None
 
 
 def test_a_reverted_change_loses_no_sample(memory_run, monkeypatch):
@@ -220,7 +220,7 @@ def test_the_summary_and_report_give_start_final_gain_and_the_line_to_copy(memor
     loader = starvewatch.watch(DataLoader(Indices(), batch_size=4, shuffle=True), tune=True)
     _epochs(loader, 3)
     summary = starvewatch.finish()
-    (outcome,) = summary["tuning"]["loaders"]
+    (outcome,) = summary["live_tuning"]["loaders"]
     assert outcome["start"]["num_workers"] == 0 and outcome["final"]["num_workers"] == 2
     assert outcome["gain"]["low"] == 1.5
     assert "num_workers=2" in outcome["line"] and "shuffle=True" in outcome["line"]
@@ -254,11 +254,11 @@ def test_tuning_records_reach_the_collector_and_its_summary(collector, monkeypat
     _epochs(loader, 3)
     local = starvewatch.finish()
     remote = c.get(f"/api/v1/runs/{local['run']['id']}/summary")
-    assert [(r["window"], r["decision"], r["config"]["num_workers"]) for r in remote["tuning"]["records"]] == \
-        [(r["window"], r["decision"], r["config"]["num_workers"]) for r in local["tuning"]["records"]]
-    (outcome,) = remote["tuning"]["loaders"]
-    assert outcome["final"] == local["tuning"]["loaders"][0]["final"] and outcome["final"]["num_workers"] == 2
-    assert outcome["line"] == local["tuning"]["loaders"][0]["line"] and "num_workers=2" in outcome["line"]
+    assert [(r["window"], r["decision"], r["config"]["num_workers"]) for r in remote["live_tuning"]["records"]] == \
+        [(r["window"], r["decision"], r["config"]["num_workers"]) for r in local["live_tuning"]["records"]]
+    (outcome,) = remote["live_tuning"]["loaders"]
+    assert outcome["final"] == local["live_tuning"]["loaders"][0]["final"] and outcome["final"]["num_workers"] == 2
+    assert outcome["line"] == local["live_tuning"]["loaders"][0]["line"] and "num_workers=2" in outcome["line"]
     assert outcome["gain"]["low"] == 1.5
 
 
@@ -384,7 +384,13 @@ def test_the_run_page_shows_the_tuning_timeline_stored_once(tmp_path, request, d
     assert "0 workers" in text and "2 workers" in text and "1.80x [1.40, 2.30]" in text and "kept" in text
     assert "train: 0 workers -> 2 workers, measured 1.80x" in text
     assert "DataLoader(dataset, batch_size=4, num_workers=2)" in text
-    assert Query(store).summary("run-a")["tuning"]["loaders"][0]["line"] == records[2]["line"]
+    summary = Query(store).summary("run-a")
+    assert summary["live_tuning"]["loaders"][0]["line"] == records[2]["line"]
+    from starvewatch.monitor.outputs.export import to_markdown
+    report = to_markdown(summary)  # the Markdown export: the windows, start -> final, the line
+    assert "## Live tuning" in report and "Measured tuning" not in report
+    assert "| train | 2 | 2 | 2 | False | 150.0 | 1.80x [1.40, 2.30] | kept |" in report
+    assert "tuned train: num_workers 0 -\\> 2: 1.80x" in report and records[2]["line"] in report
 
 
 def test_what_cannot_be_tuned_says_so_once_and_iterates_as_before(memory_run, monkeypatch, capsys):
@@ -478,3 +484,22 @@ def test_under_torchrun_each_rank_says_it_tunes_on_its_own(memory_run, monkeypat
     assert _tuner(loader).disabled is None
     lines = [l for l in capsys.readouterr().err.splitlines() if "starvewatch: tuning" in l]
     assert lines == ["starvewatch: tuning 'train': rank 1 of 2 tunes on its own measurements"]
+
+
+def test_what_tuning_measured_replaces_the_models_advice_on_the_settings_it_searched():
+    """The model reads totals that mix every configuration tried: after tuning 0 -> 4 workers it
+    would still say "num_workers=1 (now 0)". Its advice on tuned settings of a tuned loader goes;
+    protective advice, other settings and other loaders stay; a disabled tuning replaces nothing;
+    `tuning` (starvewatch tune's results) is left alone."""
+    from starvewatch.analysis.live_tuning import with_live_tuning
+    recs = [{"loader": "train", "parameter": "num_workers", "suggested": 1},
+            {"loader": "train", "parameter": "batch_size", "suggested": 128},
+            {"loader": "train", "parameter": "num_workers", "suggested": 1, "kind": "protective"},
+            {"loader": "val", "parameter": "num_workers", "suggested": 2},
+            {"loader": "test", "parameter": "prefetch_factor", "suggested": 4}]
+    outcomes = [{"loader": "train", "start": {"num_workers": 0}, "final": {"num_workers": 4}},
+                {"loader": "test", "start": {"num_workers": 2}, "final": {"num_workers": 2}, "disabled": "crash"}]
+    summary = with_live_tuning({"recommendations": list(recs), "tuning": {"trials": []}}, [], outcomes)
+    assert summary["recommendations"] == recs[1:]
+    assert summary["live_tuning"]["replaced"] == ["train: num_workers=1"]
+    assert summary["tuning"] == {"trials": []}

@@ -8,6 +8,7 @@ DROP of ended runs' partitions, never touching a live run's rows.
 The cluster is tests/postgres.py's (a throw-away one per test session, fixture postgres_url)."""
 from __future__ import annotations
 
+import json
 import threading
 
 import psycopg
@@ -363,3 +364,44 @@ def test_serve_refuses_a_database_it_cannot_use_with_one_line(url, code, said):
                           "--database-url", url], capture_output=True, text=True, timeout=120)
     assert out.returncode == code, out.stderr
     assert said in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_trace_export_reads_postgresql_as_it_reads_sqlite(tmp_path, postgres_url):
+    """`export RUN -f trace` (issue 38 item 3) through the same code on both stores: steps,
+    worker records, counters and stalls give the same trace."""
+    from starvewatch.monitor.outputs.trace_export import build_trace
+    bodies = [sample_batch(rank, seq, T0_S + (seq - 1) * 20, 20, 1, stream=f"run-a-host-{rank}")
+              for rank in range(2) for seq in (1, 2)]
+    start = (T0_S + 3) * 10**9  # rank 0's worker records and its stall, inside steps 2 to 6
+    body = bodies[0]
+    body["worker_batches"] = {"loader": ["train"] * 3, "worker": [0, 1, 0], "idx": [0, 1, 2],
+                              "wait_start_ns": [start] * 3, "got_ns": [start + 10] * 3,
+                              "fetch_start_ns": [start + 20] * 3, "collate_start_ns": [start + 30, 0, start + 40],
+                              "collate_end_ns": [start + 35, 0, start + 45], "done_ns": [start + 50] * 3}
+    body["stalls"] = [{"t_ns": start + 2 * 10**9, "started_ns": start + 10**9, "loader": "train",
+                       "epoch": 0, "step": 4, "wait_s": 1.0}]
+    work = [EventBatch.model_validate(b) for b in bodies]
+    sqlite_store, pg_store = open_store(tmp_path / "a.db"), open_store(postgres_url)
+    assert isinstance(pg_store, PgStore)
+    try:
+        traces = []
+        for store in (sqlite_store, pg_store):
+            assert all(store.ingest(b) for b in work)
+            traces.append([build_trace(store, "run-a", steps="2:6"), build_trace(store, "run-a", window="3:9", rank=1),
+                           build_trace(store, "run-a", max_events=40)])
+        # Events of one instant on two ranks come in either order from the two databases.
+        def canonical(trace):
+            return {**trace, "traceEvents": sorted(trace["traceEvents"], key=lambda e: json.dumps(e, sort_keys=True))}
+        for lite, pg in zip(traces[0], traces[1]):
+            lite, pg = canonical(lite), canonical(pg)
+            assert lite == pg
+        ranged, windowed, cut = traces[1]
+        cats = [e.get("cat") for e in ranged["traceEvents"]]
+        assert cats.count("starvewatch.wait") == 2 * 5 and cats.count("starvewatch.fetch") == 3
+        assert cats.count("starvewatch.collate") == 2 and cats.count("starvewatch.stall") == 1
+        assert any(e["ph"] == "C" for e in ranged["traceEvents"])
+        assert {e["args"]["step"] for e in windowed["traceEvents"] if e.get("cat") == "starvewatch.wait"} == set(range(3, 10))
+        assert cut["starvewatch"]["truncated"] is True
+    finally:
+        sqlite_store.close()
+        pg_store.close()

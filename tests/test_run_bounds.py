@@ -3,6 +3,8 @@ documents and stall events are bounded per run (starvewatch/limits.py); past a b
 is refused whole with a 422 that names it, and the hooks keep within the same bounds."""
 import json
 
+import pytest
+
 import starvewatch
 from starvewatch import limits
 from tests.test_security import JSON, TUNING, call
@@ -51,26 +53,6 @@ def test_each_run_bound_is_refused_with_a_reason(collector):
         assert _post(c, "/api/v1/runs/tuned/tuning", TUNING)[0] == 200
     status, body = _post(c, "/api/v1/runs/tuned/tuning", TUNING)
     assert status == 422 and "tuning results already" in body, body
-
-
-def test_ranks_per_run_are_bounded(isolated_starvewatch, monkeypatch):
-    assert limits.MAX_RANKS_PER_RUN >= 4096  # the team collector's target fits
-    from starvewatch.monitor.storage import run_bounds
-    from starvewatch.monitor.storage.store import Store
-    from starvewatch.monitor.web.wire_models import EventBatch
-    monkeypatch.setattr(run_bounds, "MAX_RANKS_PER_RUN", 3)  # the same check, in seconds
-    isolated_starvewatch.mkdir(parents=True)
-    store = Store(isolated_starvewatch / "ranks.db")
-    for rank in range(3):
-        assert store.ingest(EventBatch.model_validate(_batch("ranks", 1, rank=rank)))
-    try:
-        store.ingest(EventBatch.model_validate(_batch("ranks", 1, rank=3)))
-    except ValueError as exc:
-        assert "3 ranks already" in str(exc)
-    else:
-        raise AssertionError("a rank past the bound was stored")
-    assert store.ingest(EventBatch.model_validate(_batch("ranks", 2, rank=2)))  # a known rank still is
-    store.close()
 
 
 def test_the_hooks_keep_within_the_loader_bound(memory_run):
@@ -150,21 +132,21 @@ def test_postgresql_refuses_a_run_over_its_bounds_as_sqlite_does(collector, post
     assert [a[1] for a in on_postgres if a[0] == 422] == [a[1] for a in refused]
 
 
-def test_postgresql_bounds_the_ranks_of_a_run_as_sqlite_does(postgres_url, monkeypatch):
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_ranks_per_run_are_bounded(isolated_starvewatch, monkeypatch, request, database):
+    assert limits.MAX_RANKS_PER_RUN >= 4096  # the team collector's target fits
     from starvewatch.monitor.storage import run_bounds
-    from starvewatch.monitor.storage.pg_store import PgStore
+    from starvewatch.monitor.storage.open_store import open_store
     from starvewatch.monitor.web.wire_models import EventBatch
     monkeypatch.setattr(run_bounds, "MAX_RANKS_PER_RUN", 3)  # the same check, in seconds
-    store = PgStore(postgres_url)
+    isolated_starvewatch.mkdir(parents=True)
+    store = open_store(str(isolated_starvewatch / "ranks.db") if database == "sqlite"
+                       else request.getfixturevalue("postgres_url"))
     try:
         for rank in range(3):
             assert store.ingest(EventBatch.model_validate(_batch("ranks", 1, rank=rank)))
-        try:
+        with pytest.raises(ValueError, match="3 ranks already"):
             store.ingest(EventBatch.model_validate(_batch("ranks", 1, rank=3)))
-        except ValueError as exc:
-            assert "3 ranks already" in str(exc)
-        else:
-            raise AssertionError("a rank past the bound was stored")
         assert store.ingest(EventBatch.model_validate(_batch("ranks", 2, rank=2)))  # a known rank still is
         assert store.reader().execute("SELECT count(*) FROM streams WHERE rank = 3").fetchone()[0] == 0
     finally:

@@ -151,6 +151,39 @@ def test_a_sidecar_killed_mid_run_loses_and_doubles_nothing(collector, monkeypat
     _assert_every_step_once(c, session, first + second)
 
 
+def test_worker_records_are_counted_and_shipped_once_across_a_take_over(collector, monkeypatch):
+    """DataLoader workers' per-batch records (issue 38): the sidecar read and counted the first
+    epoch's; after it dies, this process reads the same rings from its book on. Each batch a
+    worker handed over counts once in the summary and reaches the collector once."""
+    from torch.utils.data import DataLoader
+    from starvewatch.hooks.session import current_session
+    c = collector()
+    monkeypatch.setenv("STARVEWATCH_URL", c.url)
+    starvewatch.init("take-over-workers")
+    session = current_session()
+    link = session.sidecar
+    loader = starvewatch.watch(DataLoader(range(64), batch_size=2, num_workers=2), name="train")
+    steps = sum(1 for _ in loader)
+
+    def sidecar_counted():  # the sidecar's book (each acknowledgement carries it) has them all
+        totals = session.shipper.book().totals.get(0)
+        return totals is not None and sum(totals.worker_batches) == steps
+
+    wait_until(sidecar_counted, what="the sidecar's book to count the first epoch's worker records")
+    os.kill(link.proc.pid, signal.SIGKILL)
+    wait_until(lambda: link.proc.poll() is not None, what="the sidecar to die")
+    steps += sum(1 for _ in loader)
+    summary = starvewatch.finish()
+    assert not session.shipper.pipeline.remote  # taken over
+    attribution = summary["loaders"][0]["attribution"]
+    assert summary["loaders"][0]["steps"] == steps == 64
+    assert sum(attribution["worker_batches"]) == steps, attribution["worker_batches"]
+    trace = c.get(f"/api/v1/runs/{summary['run']['id']}/export?format=trace")
+    fetches = [(e["args"]["worker"], e["args"]["batch"], e["ts"]) for e in trace["traceEvents"]
+               if e.get("cat") == "starvewatch.fetch"]
+    assert len(fetches) == len(set(fetches)) == steps
+
+
 def test_a_frozen_sidecar_is_replaced_and_nothing_is_lost(collector, monkeypatch):
     from starvewatch.hooks.delivery.sidecar_link import SidecarLink
     monkeypatch.setattr(SidecarLink, "WRITE_TIMEOUT_S", 1.0)

@@ -28,7 +28,7 @@ def _tuned_run(run_id: str, final_ms: float) -> dict:
                "done": True, "stopped": "no candidate left", "gain": None, "decision": "outcome"}
     return {"run": {"id": run_id}, "loaders": [{"name": "train", "config": {"num_workers": 0},
                                                 "step_time": _step_time(50), "input_wait_fraction": 0.4}],
-            "recommendations": [], "tuning": {"schema": SCHEMA, "records": records, "loaders": [outcome]}}
+            "recommendations": [], "live_tuning": {"schema": SCHEMA, "records": records, "loaders": [outcome]}}
 
 
 def _plain_run(run_id: str, config: dict, mean_ms: float, recommend: bool = False) -> dict:
@@ -75,7 +75,7 @@ def test_an_earlier_recommendation_taken_by_tuning_is_judged_inside_the_tuned_ru
     assert abs(rec["measured_speedup"] - 40 / 30) < 0.01 and rec["status"] == "confirmed"
     # A tuned run that started elsewhere (the user set 1 worker): against the earlier run.
     after = _tuned_run("b", final_ms=30)
-    after["tuning"]["loaders"][0]["start"] = tuned_part({"num_workers": 1})
+    after["live_tuning"]["loaders"][0]["start"] = tuned_part({"num_workers": 1})
     after["loaders"][0]["config"] = {"num_workers": 1}
     rec = verify(before, after)["results"][1]
     assert rec["measured_against"] == "earlier run" and abs(rec["measured_speedup"] - 80 / 30) < 0.01

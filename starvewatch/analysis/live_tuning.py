@@ -244,3 +244,23 @@ def outcome_text(outcome: dict) -> str:
     off = f" (then off: {outcome['disabled']})" if outcome.get("disabled") else ""
     return f"tuned {outcome['loader']}: {what}{measured} over {outcome['windows']} windows{off}"
 
+
+
+def with_live_tuning(summary: dict, records: list[dict], outcomes: list[dict]) -> dict:
+    """Attach live tuning's section to a summary (`live_tuning`; `tuning` is `starvewatch
+    tune`'s) and let what tuning measured on the loop replace the model's advice on the
+    settings it searched: the model predicts from totals that mix every configuration tried,
+    while the tuned loader already runs its found one. Protective advice and advice on other
+    settings (batch size, transforms) stay. Returns the summary (changed in place)."""
+    section = {"schema": SCHEMA, "records": list(records), "loaders": list(outcomes), "replaced": []}
+    summary["live_tuning"] = section
+    searched = {o.get("loader") for o in outcomes if not o.get("disabled")}
+    keep = []
+    for r in summary.get("recommendations") or []:
+        if (r.get("loader") in searched and r.get("parameter") in TUNED_KEYS
+                and r.get("kind", "speedup") != "protective"):
+            section["replaced"].append(f"{r['loader']}: {r['parameter']}={r.get('suggested')!r}")
+        else:
+            keep.append(r)
+    summary["recommendations"] = keep
+    return summary

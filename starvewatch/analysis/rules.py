@@ -31,7 +31,8 @@ def proposal(f: LoaderFacts, parameter, suggested, reason: str, evidence: dict, 
 
 
 def worker_plan(f: LoaderFacts, t: Thresholds, most: int) -> tuple[int, dict, dict] | None:
-    """(workers, `also`, what_if) that pays best for up to `most` workers (issue 35 item 3):
+    """(workers, `also`, what_if) that pays best for up to `most` workers, never more than
+    `t.max_workers` (issue 35 item 3):
     each count predicted with its start-up (which grows with the count), paired with
     persistent_workers=True where the loader is iterated more than once (and, where it is
     rebuilt every epoch, built once); the fewest workers within 2% of the best gain, so a short
@@ -48,7 +49,9 @@ def worker_plan(f: LoaderFacts, t: Thresholds, most: int) -> tuple[int, dict, di
     # than the cores alone say (7 workers for one 75-batch epoch under load promised 1.32x,
     # measured 0.93x).
     margin = {**what_if, "load_scale": t.worker_headroom, "startup_scale": t.startup_margin}
-    gains = {n: speedup(f, {**f.config, "num_workers": n, **also}, margin) for n in range(1, max(1, most) + 1)}
+    # Each count is one prediction: bounded by `max_workers`, whatever the load over the compute.
+    most = min(max(1, most), t.max_workers)
+    gains = {n: speedup(f, {**f.config, "num_workers": n, **also}, margin) for n in range(1, most + 1)}
     best = max(gains.values())
     chosen = min(n for n, g in gains.items() if g >= best / 1.005)
     if speedup(f, {**f.config, "num_workers": chosen, **also}, what_if) < t.min_gain:
@@ -249,6 +252,18 @@ def faster_storage(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
                      what_if={"load_scale": round(cpu_share or 0.0, 3)})]
 
 
+def _deepest(fits, low: int, high: int) -> int | None:
+    """The largest depth in [low, high] that `fits` (which holds up to some depth and not past
+    it), by bisection: a stored prefetch_factor can be any 64-bit number, and trying each depth
+    below it once kept a summary from ever finishing."""
+    if high < low or not fits(low):
+        return None
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
 def memory_budget(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     """Workers must fit in free RAM and free /dev/shm less a reserve: each holds its own memory
     and prefetch_factor batches in shared memory. Bounds num_workers (or prefetch_factor)."""
@@ -281,9 +296,8 @@ def memory_budget(f: LoaderFacts, t: Thresholds, ctx: dict) -> list[dict]:
     if fits >= f.workers:  # an upper bound for the speed-up rules, shown only if it binds
         return [proposal(f, "num_workers", fits, f"memory allows at most {plural(fits, 'worker')}", evidence,
                          kind="protective", risk=risk)]
-    shallower = [d for d in range(2, prefetch) if (fit(d) or 0) >= f.workers]
-    if shallower:
-        depth = max(shallower)
+    depth = _deepest(lambda d: (fit(d) or 0) >= f.workers, 2, prefetch - 1)
+    if depth is not None:
         return [proposal(f, "prefetch_factor", depth,
                          f"{plural(f.workers, 'worker')} x {prefetch} prefetched batches of {batch_bytes / 2**20:.1f} MiB "
                          f"exceed the /dev/shm budget ({shm_budget / 2**20:.0f} MiB: free less "

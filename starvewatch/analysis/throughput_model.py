@@ -27,6 +27,10 @@ class Thresholds:
     """Every number a rule compares against, in one place."""
 
     worker_headroom: float = 1.2          # workers = ceil(load / compute x this)
+    # The most workers ever planned (rules.worker_plan predicts each count up to it): a stored
+    # loader whose load is a million times its compute (hostile or broken records) once made a
+    # summary predict a million counts, a GET the collector never answered.
+    max_workers: int = 256
     cpu_busy_fraction: float = 0.5        # worker (or loading) CPU time / wall time: CPU-bound above
     cpu_busy_fraction_saturated: float = 0.15  # the same on a saturated host (CPU time is rationed)
     # No hard switch on a noisy share (issue 35 item 5): the threshold slides from the quiet

@@ -67,9 +67,9 @@ def judge(expected: float | None, measured: dict | None) -> str:
 
 
 def tuned_outcomes(summary: dict) -> dict[str, dict]:
-    """Each live-tuned loader's outcome (the summary's `tuning` section, `starvewatch.tuning/1`:
-    start, final, gain), by loader name; {} for a run that was not tuned live."""
-    tuning = summary.get("tuning") or {}
+    """Each live-tuned loader's outcome (the summary's `live_tuning` section,
+    `starvewatch.tuning/1`: start, final, gain), by loader name; {} for a run not tuned live."""
+    tuning = summary.get("live_tuning") or {}
     return {o["loader"]: o for o in tuning.get("loaders") or []
             if isinstance(o, dict) and o.get("loader") and "start" in o and "final" in o}
 
@@ -77,7 +77,7 @@ def tuned_outcomes(summary: dict) -> dict[str, dict]:
 def pooled_windows(summary: dict, loader: str, config: dict) -> dict | None:
     """The step-time figures (verification.per_sample_ms's shape) of the tuning windows of
     `loader` that ran `config`, pooled over their steps; None when no window ran it."""
-    parts = [r["figures"]["step_time"] for r in (summary.get("tuning") or {}).get("records") or []
+    parts = [r["figures"]["step_time"] for r in (summary.get("live_tuning") or {}).get("records") or []
              if r.get("loader") == loader and r.get("config") == config
              and ((r.get("figures") or {}).get("step_time") or {}).get("steps")]
     if not parts:

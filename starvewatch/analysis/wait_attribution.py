@@ -44,6 +44,9 @@ def attribution_of(t: LoaderTotals) -> dict | None:
         "stages": stages,
         "workers": workers,
         "main_process_share": stages["handover"]["share"],
+        # Of the hand-over, the part still in the batch's worker: its feeder pickling the batch
+        # (tensors into shared memory) and writing it into the result queue.
+        "handover_send_share": t.wait_handover_send_ns / total,
         "top_stage": top_stage,
         "top_worker": top_worker["worker"] if top_worker and top_worker["share"] > 0 else None,
         "head_of_line_ms": t.hol_wait_ns / 1e6,

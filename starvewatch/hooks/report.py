@@ -21,9 +21,9 @@ def format_report(summary: dict, dashboard_url: str | None = None, spool_dir: st
         rate = f"{loader['batches_per_s']:.1f} batches/s" if loader.get("batches_per_s") else ""
         lines.append(f"  {loader['name']:<10} {loader['steps']:>8} steps  wait {_pct(loader['input_wait_fraction']):>6}"
                      f"  {band_words(loader['verdict']):<20} {rate}")
-    if summary.get("tuning"):  # live tuning (watch(tune=True)): what it found, and the line
+    if summary.get("live_tuning"):  # watch(tune=True): what it found, and the line to copy
         from ..analysis.live_tuning import outcome_text
-        for outcome in summary["tuning"]["loaders"]:
+        for outcome in summary["live_tuning"]["loaders"]:
             lines.append(f"  ~> {outcome_text(outcome)}")
             if outcome.get("line"):
                 lines.append(f"     {outcome['line']}")

@@ -283,9 +283,8 @@ class Session:
         summary = summarize(run, loaders, stalls=self.stalls, system=overview(history, rank=self.rank),
                             worker_events=[e for kind, e in history if kind == "workers"])
         if self.tuning_outcomes is not None:  # live tuning: windows and decisions, each loader's
-            from ..analysis.live_tuning import SCHEMA  # start, final, gain and line to copy
-            summary["tuning"] = {"schema": SCHEMA, "records": list(self.tuning_records),
-                                 "loaders": self.tuning_outcomes}
+            from ..analysis.live_tuning import with_live_tuning  # start, final, gain and line
+            with_live_tuning(summary, self.tuning_records, self.tuning_outcomes)
         # Where every step record went: acknowledged + spooled + dropped = the steps run.
         summary["delivery"] = add_accounts(with_buffer_drops(shipper.pipeline.account(),
                                                              [s.describe(s.totals) for s in self.loader_list]),

@@ -221,7 +221,8 @@ _NOT_BATCHES = frozenset({"_IterableDatasetStopIteration", "ExceptionWrapper"})
 def _time_queues(frame, mapping) -> None:
     """Time the worker loop's index queue (when a batch's indices arrived, and since when the
     worker waited for them) and its result queue (when the batch was handed over, under which
-    number): the instances' own get/put, so nothing else in the process changes."""
+    number, and when its bytes went into the queue's pipe): the instances' own get/put and the
+    result queue's feeder, so nothing else in the process changes."""
     index_queue = frame.f_locals.get("index_queue") if frame is not None else None
     data_queue = frame.f_locals.get("data_queue") if frame is not None else None
     if not (hasattr(index_queue, "get") and hasattr(data_queue, "put")):
@@ -229,6 +230,9 @@ def _time_queues(frame, mapping) -> None:
     _BATCH[0] = perf_counter_ns()  # started: the first batch's wait for indices begins
     _BATCH[5] = worker_batches.FIRST
     get, put = index_queue.get, data_queue.put
+    # The records put and not yet written into the pipe, in the feeder's order (None for what
+    # is not a batch); None when the feeder cannot be timed: then put writes the record.
+    pending = _time_sends(data_queue, mapping)
 
     def timed_get(*args, **kwargs):
         r = get(*args, **kwargs)  # queue.Empty every few seconds: the wait goes on
@@ -238,20 +242,66 @@ def _time_queues(frame, mapping) -> None:
     def timed_put(obj, *args, **kwargs):
         batch = _BATCH
         idx = obj[0] if type(obj) is tuple and len(obj) == 2 else None
+        record = None
         if type(idx) is int and batch[2] and type(obj[1]).__name__ not in _NOT_BATCHES:
-            try:  # the record before the put: it is there before the loop can have the batch
-                worker_batches.write(mapping, _RING_AT, (idx, batch[0], batch[1], batch[2], batch[3],
-                                                         batch[4], perf_counter_ns(), batch[5]))
-            except Exception:  # a record lost, never a batch
-                pass
+            record = (idx, batch[0], batch[1], batch[2], batch[3], batch[4], perf_counter_ns(), batch[5], 0)
             batch[2] = batch[3] = batch[4] = batch[5] = 0
+            if pending is None:  # the record before the put: there before the loop has the batch
+                _write_record(mapping, record)
         try:
-            return put(obj, *args, **kwargs)
+            if pending is None:
+                return put(obj, *args, **kwargs)
+            pending.append(record)
+            try:
+                return put(obj, *args, **kwargs)
+            except BaseException:  # not queued: the feeder will never send it
+                pending.pop()
+                raise
         finally:
             batch[0] = perf_counter_ns()
 
     index_queue.get = timed_get
     data_queue.put = timed_put
+
+
+def _write_record(mapping, record: tuple) -> None:
+    try:
+        worker_batches.write(mapping, _RING_AT, record)
+    except Exception:  # a record lost, never a batch
+        pass
+
+
+def _time_sends(data_queue, mapping):
+    """Wrap a multiprocessing.Queue's send (what its feeder thread calls, under the queue's
+    write lock, for each object in put order) to time each batch's write into the pipe and
+    write its record then: the loop receives the batches in the order of these times, which
+    in_order=False's attribution needs (worker_batches.py). Returns the deque of pending
+    records, or None where the queue is not one whose feeder can be wrapped (not yet started:
+    it binds the send when it starts, at the first put)."""
+    from collections import deque
+
+    send = getattr(data_queue, "_send_bytes", None)
+    on_error = getattr(data_queue, "_on_queue_feeder_error", None)
+    if not callable(send) or not callable(on_error) or getattr(data_queue, "_thread", None) is not None:
+        return None
+    pending: deque = deque()
+
+    def timed_send(buf):
+        # Under the lock and before the write: in the pipe's order, and the record is there
+        # before the loop can have the batch (a failed write, at shutdown, leaves a record).
+        record = pending.popleft() if pending else None
+        if record is not None:
+            _write_record(mapping, record[:8] + (perf_counter_ns(),))
+        return send(buf)
+
+    def timed_on_error(e, obj):  # the object did not pickle: never sent
+        if pending:
+            pending.popleft()
+        return on_error(e, obj)
+
+    data_queue._send_bytes = timed_send
+    data_queue._on_queue_feeder_error = timed_on_error
+    return pending
 
 
 def stack_file(stack_dir: str, worker_id: int) -> str:

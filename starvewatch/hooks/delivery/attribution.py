@@ -3,7 +3,9 @@ per-batch records (worker_batches.py), by overlap.
 
 For a step's wait [a, b] (a: when next() was called, or iter() for an epoch's first step; b:
 when the batch came back), the batch the loop waited for is found in the workers' records
-(with in_order=True the one numbered like the step; without, the next one handed over), and
+(with in_order=True the one numbered like the step; without, the next one written into the
+result queue's pipe: the order the loop receives them, which the hand-over times alone do not
+give, worker_batches.py), and
 [a, b] is cut along what the batch's worker was doing: starting up, idle on its index queue,
 busy with its earlier batches (this one not yet scheduled), fetching the samples, collating;
 the part after the worker handed it over is the main process's (the result queue, unpickling,
@@ -27,7 +29,7 @@ from ...worker_batches import RING, FIRST, RingReader
 
 _errors = RateLimitedLog(logging.getLogger("starvewatch.hooks"))
 
-(IDX, WAIT_START, GOT, FETCH, C0, C1, DONE, FLAGS) = range(8)
+(IDX, WAIT_START, GOT, FETCH, C0, C1, DONE, FLAGS, SENT) = range(9)
 KEEP = RING  # records kept per worker: a few seconds of the fastest worker
 # Records shipped to the collector (for `starvewatch export -f trace`): at most SHIP_MAX per
 # loader and run, at most SHIP_PER_BATCH per batch; the rest is counted, not shipped.
@@ -43,6 +45,10 @@ def split(a: int, b: int, history: list, pos: int, stages: dict) -> int:
     r = history[pos]
     handover = max(0, b - max(a, r[DONE]))
     stages["handover"] += handover
+    if len(r) > SENT and r[SENT]:  # of the hand-over, the part still in the worker (its feeder)
+        send = min(b, r[SENT]) - max(a, r[DONE])
+        if send > 0:
+            stages["handover_send"] = stages.get("handover_send", 0) + send
     cursor = min(b, r[DONE])  # the worker's part: [a, cursor], walked back in time
     j = pos
     while cursor > a and j >= 0:
@@ -105,20 +111,24 @@ class WorkerHistory:
 class LoaderRecords:
     """One loader's worker records as they are read from its board, for the join."""
 
-    def __init__(self, board: list, config: dict | None) -> None:
+    def __init__(self, board: list, config: dict | None, resume: dict | None = None) -> None:
         path, workers, base = board
-        self.reader = RingReader(str(path), int(workers), int(base))
+        # `resume`: where an earlier reader of this board left off (the sidecar's book, after
+        # a take-over): its records are joined again, never counted nor shipped again.
+        resume = resume if resume and resume.get("board") == str(path) else {}
+        self.reader = RingReader(str(path), int(workers), int(base), resume.get("seen"))
         config = config or {}
         self.in_order = config.get("in_order", True) is not False
         # Batches in flight at most: later ones cannot be ready during a wait.
         self.window = max(1, int(workers) * int(config.get("prefetch_factor") or 2))
         self.history = [WorkerHistory() for _ in range(int(workers))]
         self.by_idx: dict[int, list] = {}  # batch number -> [(worker, position)]
-        self.arrivals: list = []  # (done, worker, position) heap: in_order=False's hand-over order
+        self.arrivals: list = []  # (sent, worker, position) heap: in_order=False's arrival order
         self.epoch_starts: dict = {}
         self.outbox: list = []  # (worker, record) to ship with the next batch
-        self.shipped = 0
-        self.unshipped = 0
+        self.arrived_ns = int(resume.get("arrived_ns") or 0)  # in_order=False: the last batch a step took
+        self.shipped = int(resume.get("shipped") or 0)
+        self.unshipped = int(resume.get("unshipped") or 0)
 
     def pull(self, totals) -> None:
         """The records written since the last pull; each worker's batch count and time."""
@@ -127,14 +137,17 @@ class LoaderRecords:
             return
         workers = len(self.history)
         batches, busy = [0] * workers, [0] * workers
-        for worker, r in records:
+        for worker, r, new in records:
             position = self.history[worker].append(r)
             entries = self.by_idx.setdefault(r[IDX], [])
             entries.append((worker, position))
             if len(entries) > 8:  # the same number in many epochs: the recent ones matter
                 del entries[:-4]
-            if not self.in_order:
-                heapq.heappush(self.arrivals, (r[DONE], worker, position))
+            arrival = r[SENT] or r[DONE]  # in the order the loop receives them (the put's, if untimed)
+            if not self.in_order and (new or arrival > self.arrived_ns):  # never one a step had
+                heapq.heappush(self.arrivals, (arrival, worker, position))
+            if not new:  # counted and shipped by the reader before a take-over
+                continue
             batches[worker] += 1
             busy[worker] += r[DONE] - r[GOT]
             if self.shipped + len(self.outbox) < SHIP_MAX and len(self.outbox) < SHIP_PER_BATCH:
@@ -153,6 +166,12 @@ class LoaderRecords:
                        if (kept := [(w, p) for w, p in entries if history[w].get(p) is not None])}
         self.arrivals = [item for item in self.arrivals if history[item[1]].get(item[2]) is not None]
         heapq.heapify(self.arrivals)
+
+    def to_dict(self) -> dict:
+        """Where this reader stands, for the one that takes its work over (LoaderRecords'
+        `resume`)."""
+        return {"board": self.reader.path, "seen": list(self.reader.seen), "shipped": self.shipped,
+                "unshipped": self.unshipped, "arrived_ns": self.arrived_ns}
 
     def epoch_start(self, key, start: int | None) -> int | None:
         if start is not None:
@@ -174,7 +193,7 @@ class LoaderRecords:
             return best
         arrivals = self.arrivals
         while arrivals and arrivals[0][0] <= b:
-            _, worker, position = heapq.heappop(arrivals)
+            self.arrived_ns, worker, position = heapq.heappop(arrivals)
             r = self.history[worker].get(position)
             if r is not None and (since is None or r[GOT] >= since):
                 return worker, position
@@ -195,8 +214,16 @@ class LoaderRecords:
 class Attribution:
     """Per loader index with a worker board: its records, joined with each chunk of steps."""
 
-    def __init__(self) -> None:
+    def __init__(self, resume: dict | None = None) -> None:
         self.loaders: dict[int, LoaderRecords] = {}
+        # Per loader index, where the previous reader left off (to_dict), until its board opens.
+        self.resume: dict[int, dict] = {int(k): v for k, v in (resume or {}).items()}
+
+    def to_dict(self) -> dict:
+        """What a reader taking over from this one needs (RecordBook carries it): per loader,
+        how far each worker's ring was read and counted, and how many records were shipped."""
+        return {**{str(i): r for i, r in self.resume.items()},
+                **{str(i): loader.to_dict() for i, loader in self.loaders.items()}}
 
     def use_boards(self, loaders: list[dict]) -> None:
         """From a batch header's loaders: open the rings of those that have a board."""
@@ -208,7 +235,7 @@ class Attribution:
             if current is not None:  # the loader watched again with other settings: a new board
                 current.reader.close()
             try:
-                self.loaders[index] = LoaderRecords(board, loader.get("config"))
+                self.loaders[index] = LoaderRecords(board, loader.get("config"), self.resume.pop(index, None))
             except (OSError, ValueError, TypeError) as exc:  # the board is gone: no attribution
                 _errors.error("board", "starvewatch: no per-batch worker records for %r: %s", loader.get("name"), exc)
 

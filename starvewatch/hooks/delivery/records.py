@@ -230,12 +230,16 @@ class RecordBook:
         return totals
 
     def to_dict(self) -> dict:
+        # "attribution": how far the workers' rings were read, so that a book taken over
+        # (a dead sidecar's) neither counts nor ships a worker's record twice.
         return {"seq": self.seq, "loaders": {
-            str(i): {"totals": t.to_dict(), "stats": self.stats[i].to_dict()} for i, t in self.totals.items()}}
+            str(i): {"totals": t.to_dict(), "stats": self.stats[i].to_dict()} for i, t in self.totals.items()},
+            "attribution": self.attribution.to_dict()}
 
     @classmethod
     def from_dict(cls, data: dict, *, vectorized: bool = False) -> "RecordBook":
         book = cls(vectorized=vectorized)
+        book.attribution = Attribution(data.get("attribution"))
         book.seq = int(data["seq"])
         for key, entry in data["loaders"].items():
             book.totals[int(key)] = LoaderTotals.from_dict(entry["totals"])

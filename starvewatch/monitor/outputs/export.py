@@ -10,7 +10,7 @@ import re
 
 from ...analysis.findings import finding_line
 from ...analysis.findings.stall_text import stall_where
-from .markdown_sections import attribution_lines, straggler_lines, tuning_lines
+from .markdown_sections import attribution_lines, live_tuning_lines, straggler_lines, tuning_lines
 from .markdown_text import md_block, md_code, md_text, readable_time
 from ...quantities import speedup_text
 from ...analysis.diagnosis import joint_changes_note
@@ -102,6 +102,7 @@ def to_markdown(summary: dict) -> str:
         lines += ["", "## Verify after change", "", compare_table(None, summary, summary["verification"])]
     lines += straggler_lines(summary.get("stragglers"))
     lines += tuning_lines(summary.get("tuning"))
+    lines += live_tuning_lines(summary.get("live_tuning"))
     if summary.get("rolled_up") or summary.get("samples_rolled_up"):
         lines += ["", "## Rolled-up spans", "",
                   "Past the storage budget, the oldest step records were folded into rollups: totals, "

@@ -49,6 +49,8 @@ def attribution_lines(summary: dict) -> list[str]:
             lines.append(f"| {n} | {w['share'] * 100:.1f}% | {w['head_of_line_ms']:.1f} | {batches} | "
                          f"{_fmt(per)} |")
         lines.append(f"| main process (hand-over) | {a['main_process_share'] * 100:.1f}% | | | |")
+        if a.get("handover_send_share"):
+            lines.append(f"| of it, still in the worker (pickling, sending) | {a['handover_send_share'] * 100:.1f}% | | | |")
         lines.append("")
     return lines
 
@@ -73,6 +75,29 @@ def tuning_lines(tuning: dict | None) -> list[str]:
                      f"{mem} | {_fmt(t.get('cpu_pct'), 0)} | {md_text(status)} |")
     if answer:
         lines += ["", f"Answer: {md_text(answer.get('rule'))}.", "", *md_block(str(answer.get('snippet')), "python")]
+    return lines
+
+
+def live_tuning_lines(live: dict | None) -> list[str]:
+    """The report section for live tuning (watch(tune=True)): one row per window, then each
+    loader's start -> final, its measured gain and the line to copy (empty when not tuned)."""
+    if not live:
+        return []
+    from ...analysis.live_tuning import outcome_text
+    lines = ["", "## Live tuning (`watch(loader, tune=True)`)", "",
+             "| loader | window | num_workers | prefetch_factor | persistent | samples/s | speed-up [interval] | decision |",
+             "|---|---:|---:|---:|---|---:|---|---|"]
+    for r in live.get("records") or []:
+        c, fig, iv = r.get("config") or {}, r.get("figures") or {}, r.get("interval")
+        rate = fig.get("samples_per_s", fig.get("batches_per_s"))
+        shown = f"{iv['speedup']:.2f}x [{iv['low']:.2f}, {iv['high']:.2f}]" if iv else ""
+        lines.append(f"| {md_text(r.get('loader'))} | {md_text(r.get('window'))} | {md_text(c.get('num_workers'))} | "
+                     f"{md_text(c.get('prefetch_factor'))} | {md_text(c.get('persistent_workers'))} | {_fmt(rate)} | "
+                     f"{shown} | {md_text(r.get('decision'))} |")
+    for out in live.get("loaders") or []:
+        lines += ["", md_text(outcome_text(out)) + "."]
+        if out.get("line"):
+            lines += ["", *md_block(str(out["line"]), "python")]
     return lines
 
 

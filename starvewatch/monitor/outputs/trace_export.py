@@ -49,9 +49,7 @@ def build_trace(store, run_id: str, *, steps: str | None = None, window: str | N
     numbered A to B of every epoch; `window` "S:E": seconds since the run's first step."""
     step_range = _parse_range(steps)
     window_s = _parse_range(window, float)
-    if getattr(store, "path", None) is None:  # PgStore (issue 40): its SQL and its ingest differ
-        raise ValueError("the trace export reads the embedded SQLite store; a PostgreSQL-backed "
-                         "collector does not serve it yet")
+    # SQLite's dialect: the PostgreSQL store's reader translates it (pg_dialect.py).
     reader = store.reader()
     row = reader.execute("SELECT meta FROM runs WHERE id = ?", (run_id,)).fetchone()
     if row is None:
@@ -80,10 +78,11 @@ def build_trace(store, run_id: str, *, steps: str | None = None, window: str | N
                 processes[r] = (SYNTHETIC_PID_BASE + r, SYNTHETIC_PID_BASE + r)
         return processes[r]
 
-    # Steps: wait and compute slices on the training thread, epoch starts as instants.
+    # Steps: wait and compute slices on the training thread, epoch starts as instants; ties of
+    # start_ns (ranks in step) in one order on both stores, so a cut trace keeps the same events.
     where, args = _step_filter(span, run_id, rank, step_range, lo_ns, hi_ns)
     cursor = reader.execute(f"SELECT rank, loader, epoch, step, start_ns, wait_ns, compute_ns FROM steps "
-                            f"WHERE {where} ORDER BY start_ns", args)
+                            f"WHERE {where} ORDER BY start_ns, rank, rowid", args)
     loaders: list[str] = []
     t_min = t_max = None
     for r, loader, epoch, step, start, wait, compute in cursor:
@@ -154,7 +153,9 @@ def _events(store, run_id: str, kind: str, rank, lo: int, hi: int, margin_ns: in
     if rank is not None:
         where += " AND rank = ?"
         args.append(rank)
-    for r, data in store.reader().execute(f"SELECT rank, data FROM events WHERE {where} ORDER BY t_ns", args):
+    # Ties (ranks' samples of one instant) in one order on both stores: a cut trace is the same.
+    for r, data in store.reader().execute(f"SELECT rank, data FROM events WHERE {where} ORDER BY t_ns, rank, rowid",
+                                          args):
         yield r, orjson.loads(data)
 
 

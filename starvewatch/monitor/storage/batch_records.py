@@ -28,3 +28,20 @@ def only_records(batch, first: int, ranges: list[tuple[int, int]]):
             update[kind] = [item for i, item in enumerate(items) if keep(offset + i)]
         offset += n
     return batch.model_copy(update=update)
+
+
+def event_rows(batch, first: int, stored) -> list[tuple[str, dict]]:
+    """(kind, event) of every event row the batch adds, as both stores write them: its samples,
+    worker snapshots and stalls, live tuning's records, and its DataLoader workers' per-batch
+    records (`worker_batches`, for the trace export) as one event at their earliest hand-over.
+    The last two are repeated in every part of a split batch: kept once, from the first part
+    (`first` 0), when no part of the batch was stored before (`stored`: the parts `seen` holds)."""
+    events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
+              for e in getattr(batch, kind)]
+    once = not stored and first == 0
+    if batch.tuning and once:
+        events += [("tuning", t.model_dump(exclude_unset=True, by_alias=True)) for t in batch.tuning]
+    if batch.worker_batches is not None and once:
+        records = batch.worker_batches.model_dump()
+        events.append(("worker_batches", {"t_ns": min(records["done_ns"] or [0]), **records}))
+    return events

@@ -29,6 +29,7 @@ import orjson
 
 from ...stats import RecordStats
 from . import pg_dialect, pg_schema
+from .batch_records import event_rows
 from .project_scope import filter_rows
 from .step_ingest import ROW_COLUMNS, insert_steps
 from .stream_writes import claim_records, upsert_stream
@@ -351,10 +352,7 @@ class PgStore(Store):
             with w.copy("COPY phases (run_id, rank, loader, epoch, step, name, ns) FROM STDIN") as copy:
                 for p in batch.phases:
                     copy.write_row((batch.run_id, batch.rank, *p))
-        events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
-                  for e in getattr(batch, kind)]
-        if batch.tuning and not stored and first == 0:  # live tuning's records: repeated in every part
-            events += [("tuning", t.model_dump(exclude_unset=True, by_alias=True)) for t in batch.tuning]
+        events = event_rows(batch, first, stored)
         if events:
             with w.copy("COPY events (run_id, rank, kind, t_ns, data) FROM STDIN") as copy:
                 for kind, e in events:

@@ -17,6 +17,7 @@ from .folded_reads import recent_notes, rolled_spans, samples_rolled
 from .project_scope import visible_projects
 from ..budget.retention import RAW_WINDOW_STEPS
 from .store import Store
+from ...analysis.live_tuning import with_live_tuning
 from ...analysis.measured_tuning import with_tuning
 from ...logonce import RateLimitedLog
 from ...schema import BAND_ORDER
@@ -175,9 +176,8 @@ class Query:
         found = [orjson.loads(data) for r, data in rows if rank is None or r == rank]
         if not found:
             return None
-        from ...analysis.live_tuning import SCHEMA
-        return {"schema": SCHEMA, "records": [e for e in found if e.get("decision") != "outcome"],
-                "loaders": [e for e in found if e.get("decision") == "outcome"]}
+        return with_live_tuning({}, [e for e in found if e.get("decision") != "outcome"],
+                                [e for e in found if e.get("decision") == "outcome"])["live_tuning"]
 
     def active_stalls(self, run_id: str) -> list[dict]:
         return [e for e in self.stalls(run_id) if not e.get("ended_ns")]
@@ -211,9 +211,9 @@ class Query:
                             worker_events=self.worker_events(run_id, rank))
         if rank is None:
             summary["stragglers"] = self.stragglers(run_id)
-        tuning = self.live_tuning(run_id, rank)
-        if tuning is not None:
-            summary["tuning"] = tuning
+        live = self.live_tuning(run_id, rank)
+        if live is not None:
+            with_live_tuning(summary, live["records"], live["loaders"])
             if previous:  # verified again: a tuned run's change is its start -> final
                 from ...analysis.verification import verify
                 summary["verification"] = verify(previous, summary)
@@ -343,7 +343,7 @@ class Query:
             summary = summarize(prev_meta, self.store.loader_data(previous), system=self.system_overview(previous))
             live = self.live_tuning(previous)
             if live is not None:  # a tuned earlier run: compared by its final configuration and windows
-                summary["tuning"] = live
+                with_live_tuning(summary, live["records"], live["loaders"])
             return with_tuning(summary, self.store.latest_tuning(previous))
         except Exception as exc:  # an earlier run that cannot be read never breaks this one
             _unreadable.error(f"previous:{type(exc).__name__}", "run %s cannot be compared with: %s: %s",

@@ -25,6 +25,7 @@ from ...private_files import FILE_MODE, make_private_dirs
 from ...stats import LoaderTotals, RecordStats
 from . import database_file
 from ..budget import retention, rollup_bands, run_rollups
+from .batch_records import event_rows
 from .project_scope import check_run_project, filter_rows, visible
 from .run_bounds import check_tuning
 from .step_ingest import insert_steps
@@ -118,14 +119,7 @@ class Store:
                 if batch.phases:
                     w.executemany("INSERT INTO phases VALUES (?, ?, ?, ?, ?, ?, ?)",
                                   [(batch.run_id, batch.rank, *p) for p in batch.phases])
-                events = [(kind, e.model_dump(exclude_unset=True)) for kind in ("samples", "workers", "stalls")
-                          for e in getattr(batch, kind)]
-                if batch.tuning and not stored and first == 0:  # (repeated in every part)
-                    events += [("tuning", t.model_dump(exclude_unset=True, by_alias=True)) for t in batch.tuning]
-                if batch.worker_batches is not None and not stored and first == 0:
-                    # Repeated in every part of a split batch: kept once, from the first.
-                    records = batch.worker_batches.model_dump()
-                    events.append(("worker_batches", {"t_ns": min(records["done_ns"] or [0]), **records}))
+                events = event_rows(batch, first, stored)
                 if events:
                     w.executemany("INSERT INTO events (run_id, rank, kind, t_ns, data) VALUES (?, ?, ?, ?, ?)",
                                   [(batch.run_id, batch.rank, kind, int(e.get("t_ns") or time.time_ns()),
