@@ -104,7 +104,7 @@ def label(config: dict) -> str:
     workers = config.get("num_workers") or 0
     if not workers:
         return "0 workers"
-    return (f"{workers} workers, prefetch {config.get('prefetch_factor') or 2}"
+    return (f"{workers} worker{'s' if workers != 1 else ''}, prefetch {config.get('prefetch_factor') or 2}"
             + (", persistent" if config.get("persistent_workers") else ""))
 
 
