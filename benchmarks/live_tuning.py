@@ -28,7 +28,7 @@ fewer tuned epochs: checks that the benchmark works, not the acceptance figures.
 benchmarks/results/live_tuning.json (or live_tuning-quick.json) with the date, the load average
 before and after, every rate; --docs writes the table into docs/tuning.md between the markers.
 A full run takes about 4 minutes on 2 cores at a load of 3 (6 at a load of 8), estimated from
-the quick run's rates (--quick: 46 s): per case 28 measurements of 1-2 s and a tuned run of
+the quick runs' rates (--quick: 46-131 s wall): per case 28 measurements of 1-2 s and a tuned run of
 10-14 epochs. Exit status 1 when a case fails.
 """
 from __future__ import annotations
