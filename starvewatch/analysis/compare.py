@@ -209,6 +209,8 @@ def interval_text(result: dict) -> str:
         text += f" [{speedup_text(low)}, {speedup_text(high)}]"
     if result.get("basis"):
         text += f" {result['basis']}"
+    if result.get("measured_against"):  # a live-tuned run: against its start windows, or the earlier run
+        text += f" against the {result['measured_against']}"
     expected = expected_of(result)
     if expected:
         where = "inside" if low is not None and low <= expected <= high else \

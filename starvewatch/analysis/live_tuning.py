@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 from .throughput_model import Thresholds
+from .loader_settings import tuned_part  # noqa: F401  (the tuner reads it from here)
 from .verification import speedup_interval
 
 SCHEMA = "starvewatch.tuning/1"
@@ -29,17 +30,6 @@ MID_EPOCH_WINDOW_STEPS = 64
 TUNED_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order")
 # Advice parameters a live loader can take (batch_size changes the step: not tuned live).
 _ADVISED = {"num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order"}
-
-
-def tuned_part(config: dict) -> dict:
-    """The settings tuning may change, with torch's defaults filled in."""
-    workers = int(config.get("num_workers") or 0)
-    prefetch = config.get("prefetch_factor")
-    return {"num_workers": workers,
-            "prefetch_factor": (prefetch if prefetch is not None else 2) if workers else prefetch,
-            "persistent_workers": bool(config.get("persistent_workers")),
-            "pin_memory": bool(config.get("pin_memory")),
-            "in_order": config.get("in_order") is not False}
 
 
 def window_figures(durations_ns: list[int], samples_per_step: float | None) -> dict | None:

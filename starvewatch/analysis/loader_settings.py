@@ -35,3 +35,14 @@ def setting_changed(before: dict | None, after: dict | None, key: str) -> bool:
         acting = b if b.get("num_workers") else a
         return acting.get(key) != WORKER_ONLY[key]
     return a.get(key) != b.get(key)
+
+
+def tuned_part(config: dict) -> dict:
+    """The settings tuning may change, with torch's defaults filled in."""
+    workers = int(config.get("num_workers") or 0)
+    prefetch = config.get("prefetch_factor")
+    return {"num_workers": workers,
+            "prefetch_factor": (prefetch if prefetch is not None else 2) if workers else prefetch,
+            "persistent_workers": bool(config.get("persistent_workers")),
+            "pin_memory": bool(config.get("pin_memory")),
+            "in_order": config.get("in_order") is not False}

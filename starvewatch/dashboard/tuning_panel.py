@@ -1,5 +1,6 @@
 """The run page's "Measured tuning" panel: `starvewatch tune` results stored with the run, and
-live tuning's timeline (watch(tune=True): one row per window, then the outcome and its line).
+live tuning's timeline (watch(tune=True): one row per window beside a chart of samples/s per
+window with its interval and the configuration over steps, then the outcome and its line).
 
 A component of its own (view builder + callback), so the run page only holds its container.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 from dash import Input, Output, State, dcc, html
 from starlette.concurrency import run_in_threadpool
 
+from ..monitor.outputs.tuning_figure import tuning_timeline
 from ..monitor.storage.query import NotFound
 
 CONTAINER_ID = "tuning-panel"
@@ -77,8 +79,9 @@ def config_text(config: dict | None) -> str:
 
 def live_panel(live: dict | None) -> list:
     """Live tuning (watch(tune=True)): the timeline of windows, one row each (the configuration
-    run, the loop's samples/s, the interval against the configuration kept, the decision), then
-    each loader's outcome and the line to copy."""
+    run, the loop's samples/s, the interval against the configuration kept, the decision),
+    beside its chart (samples/s per window with its interval, the configuration over steps),
+    then each loader's outcome and the line to copy."""
     if not live:
         return []
     rows = []
@@ -93,8 +96,12 @@ def live_panel(live: dict | None) -> list:
                              html.Td(str(r.get("decision") or "").replace("_", " "))]))
     header = html.Thead(html.Tr([html.Th(h) for h in ("loader", "window", "configuration", "samples/s",
                                                       "against the kept one", "decision")]))
+    table = html.Table([header, html.Tbody(rows)], className="sw-table", id="live-tuning-table")
+    chart = tuning_timeline(live, config_text)
     parts = [html.H4("Live tuning"),
-             html.Table([header, html.Tbody(rows)], className="sw-table", id="live-tuning-table")]
+             html.Div([html.Div(table), dcc.Graph(figure=chart, id="live-tuning-chart",
+                                                  config={"displaylogo": False})], className="sw-grid")
+             if chart is not None else table]
     for i, out in enumerate(live.get("loaders") or []):
         gain = out.get("gain")
         parts.append(html.P(f"{out.get('loader')}: {config_text(out.get('start'))} -> {config_text(out.get('final'))}"

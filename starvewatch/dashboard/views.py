@@ -6,6 +6,7 @@ from dash import dcc, html
 from ..ids import url_segment
 from ..monitor.outputs import figures
 from ..analysis.diagnosis import joint_changes_note
+from ..analysis.verification import change_label
 from ..analysis import compare
 from ..analysis.sentences import BAND_WORDS as VERDICTS  # one vocabulary: the badge's, the filter's
 from ..quantities import human_bytes
@@ -307,7 +308,7 @@ def compare_view(comp: dict, charts: dict | None = None) -> html.Div:
                                       className="sw-details", id="config-unchanged-details"))
     verification = comp["verification"]
     if verification and verification["results"]:
-        vrows = [[r["loader"], f"{r['parameter']}={r['suggested']!r}", "yes" if r["applied"] else "no",
+        vrows = [[r["loader"], change_label(r), "yes" if r["applied"] else "no",
                   badge_status(r["status"]), compare.interval_text(r)] for r in verification["results"]]
         parts += [html.H4("Verify after change"),
                   table(["loader", "change", "applied", "verdict", "measured against predicted"], vrows, "verify-table"),

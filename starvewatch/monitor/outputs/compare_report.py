@@ -7,7 +7,7 @@ import json
 
 from ...analysis.compare import change_text, interval_text, setting_text, value_text
 from ...analysis.host_moves import verification_note
-from ...analysis.verification import joint_changes_note
+from ...analysis.verification import change_label, joint_changes_note
 from .markdown_text import readable_time
 
 
@@ -52,7 +52,7 @@ def to_markdown(comp: dict) -> str:
     if verification and verification["results"]:
         lines += ["| loader | change | applied | verdict | measured against predicted |", "|---|---|---|---|---|"]
         for r in verification["results"]:
-            lines.append(f"| {_cell(r['loader'])} | `{_cell(r['parameter'])}={_cell(repr(r['suggested']))}` | "
+            lines.append(f"| {_cell(r['loader'])} | `{_cell(change_label(r))}` | "
                          f"{'yes' if r['applied'] else 'no'} | {r['status'].replace('_', ' ')} | "
                          f"{interval_text(r)} |")
         notes = joint_changes_note(verification) + [n for n in [verification_note(verification)] if n]
@@ -123,7 +123,7 @@ def html_tables(comp: dict) -> str:
     verification = comp["verification"]
     if verification and verification["results"]:
         parts.append(_table(["loader", "change", "applied", "verdict", "measured against predicted"],
-                            [[_e(r["loader"]), f"<code>{_e(r['parameter'])}={_e(repr(r['suggested']))}</code>",
+                            [[_e(r["loader"]), f"<code>{_e(change_label(r))}</code>",
                               "yes" if r["applied"] else "no",
                               f"<span class='badge {_e(r['status'])}'>{_e(r['status'].replace('_', ' '))}</span>",
                               _e(interval_text(r))] for r in verification["results"]], "verify-table"))

@@ -14,6 +14,7 @@ from .markdown_sections import attribution_lines, live_tuning_lines, straggler_l
 from .markdown_text import md_block, md_code, md_text, readable_time
 from ...quantities import speedup_text
 from ...analysis.diagnosis import joint_changes_note
+from ...analysis.verification import change_label
 from ...analysis.snippet import is_call, snippet  # noqa: F401  (the dashboard and reports import it from here)
 from .verdict_box import VERDICT_BOX_STYLE, verdict_box
 
@@ -133,7 +134,7 @@ def _recommendation_lines(summary: dict, verdict: dict, said: dict) -> list[str]
     elif summary.get("no_recommendation_reason"):
         lines += [md_text(summary["no_recommendation_reason"]), ""]
     for i, r in enumerate(summary["recommendations"], 1):
-        what = f"`{r['parameter']}={r['suggested']!r}` (now `{r['current']!r}`)" if r["parameter"] else f"{r['suggested']}"
+        what = f"`{change_label(r)}` (now `{r['current']!r}`)" if r["parameter"] else f"{r['suggested']}"
         gain = f", expected {speedup_text(r)}" if r.get("expected_speedup") else ""
         gain += " (measured by starvewatch tune)" if r.get("measured") else ""
         risk = f" Protects against: {r['risk']}." if r.get("kind") == "protective" and r.get("risk") else ""
@@ -229,6 +230,12 @@ def compare_rows(before: dict, after: dict) -> list[tuple]:
     return rows
 
 
+def _expected_text(r: dict) -> str:
+    """The prediction a verify result is judged against; none for a live tuning's own change."""
+    expected = r.get("judged_against") or r.get("expected_speedup")
+    return f"{_num(expected)}x" if expected else "none"
+
+
 def measured_with_interval(r: dict) -> str:
     """'2.05x [1.90, 2.21] samples/s' -- the verdict's interval and basis, where known."""
     if r.get("measured_speedup") is None:
@@ -249,8 +256,8 @@ def compare_table(before: dict | None, after: dict, verification: dict | None) -
         lines += ["", "| loader | change | applied | expected | measured (95% interval) | verdict |",
                   "|---|---|---|---:|---:|---|"]
         for r in verification["results"]:
-            lines.append(f"| {md_text(r['loader'])} | {r['parameter']}={r['suggested']!r} | {'yes' if r['applied'] else 'no'} | "
-                         f"{_num(r.get('judged_against') or r['expected_speedup'])}x | {measured_with_interval(r)} | {r['status']} |")
+            lines.append(f"| {md_text(r['loader'])} | {change_label(r)} | {'yes' if r['applied'] else 'no'} | "
+                         f"{_expected_text(r)} | {measured_with_interval(r)} | {r['status']} |")
         notes = joint_changes_note(verification)
         if notes:
             lines += [""] + notes
