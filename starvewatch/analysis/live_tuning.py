@@ -4,7 +4,19 @@ the loop's own step times per window and applies what it answers.
 
 One change at a time, from the current configuration: more workers (0 -> 2, then doubling),
 a deeper prefetch, persistent workers, pinned memory (with CUDA), out-of-order delivery (only
-where the ranked advice proposes it). Advice (recommendations of the summary's schema) goes
+where the ranked advice proposes it), fewer workers (below). A loader re-iterated in short
+epochs (a window holds two epochs or more, or the epochs' start-up is STARTUP_SHARE of the
+window or more) gets its workers candidate paired with persistent workers ("N workers,
+persistent" is one change): each window would otherwise pay the new workers' start-up and hide
+their gain. Fewer workers (halving; straight to 0 where start-up dominates; 0 never for an
+IterableDataset) is tried where the current workers' start-up dominates the window, or where
+the bounds say the loop is not input-bound (`input_bound` False).
+
+A trial that makes workers persistent is judged without its one-time start-up: its first
+window's largest step's excess over the window's median step (the first batch's wait of its
+first epoch) is taken out of the window's mean, since that start-up is paid once in the whole
+run and must not be charged to every later epoch (a non-persistent configuration pays it
+every epoch, and its windows keep it). Advice (recommendations of the summary's schema) goes
 first where it names one of those settings. A change is kept when the loop's speed-up over
 the current configuration is beyond noise: the low end of the interval the compare page and
 verify-after-change compute (verification.speedup_interval, with its run-to-run floor) is
@@ -27,14 +39,21 @@ MIN_WINDOW_STEPS = 16  # a window spans whole epochs until it holds this many st
 # ... or, in a long epoch of a map-style loader, is decided in its middle at this many steps
 # (hooks/live_tuner.py: the old iterator delivers what it holds, the new one takes the rest)
 MID_EPOCH_WINDOW_STEPS = 64
+# The share of a window its epochs' start-up (the epoch-first steps' excess over the median
+# step) takes from which the start-up dominates: persistent workers paired, fewer workers tried.
+STARTUP_SHARE = 0.2
 TUNED_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order")
 # Advice parameters a live loader can take (batch_size changes the step: not tuned live).
 _ADVISED = {"num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order"}
 
 
-def window_figures(durations_ns: list[int], samples_per_step: float | None) -> dict | None:
+def window_figures(durations_ns: list[int], samples_per_step: float | None,
+                   epochs: int | None = None) -> dict | None:
     """A window's step time (mean over every step, start-up included; spread from the steady
-    steps) in the shape verification.per_sample_ms reads; None without steps."""
+    steps) in the shape verification.per_sample_ms reads; None without steps. `epochs`: how
+    many epochs began in the window (their first steps hold the start-up); `startup` (not
+    shipped in records) says how much of the window the start-up took: the excess over the
+    median step of the `epochs` largest steps (one without the count), and of the largest."""
     if not durations_ns:
         return None
     n = len(durations_ns)
@@ -43,9 +62,42 @@ def window_figures(durations_ns: list[int], samples_per_step: float | None) -> d
     m = sum(steady) / len(steady)
     sd_ms = math.sqrt(sum((d - m) ** 2 for d in steady) / max(1, len(steady) - 1)) / 1e6
     rate = (samples_per_step or 1.0) / (mean_ms / 1e3) if mean_ms > 0 else None
+    ordered = sorted(durations_ns)
+    median = ordered[n // 2]
+    largest = ordered[-max(1, min(epochs or 1, n)):]
+    excess_ms = sum(d - median for d in largest) / 1e6
+    total_ms = sum(durations_ns) / 1e6
     return {"step_time": {"mean_ms": mean_ms, "sd_ms": sd_ms, "steps": n,
                           "samples_per_step": samples_per_step},
-            "samples_per_s" if samples_per_step else "batches_per_s": rate}
+            "samples_per_s" if samples_per_step else "batches_per_s": rate,
+            "startup": {"epochs": epochs, "excess_ms": excess_ms, "largest_ms": (ordered[-1] - median) / 1e6,
+                        "share": excess_ms / total_ms if total_ms > 0 else 0.0}}
+
+
+def without_first_startup(figures: dict) -> dict:
+    """The figures of a window with its largest step's excess over the median (a persistent
+    trial's one-time start-up) taken out of the mean: what every later epoch runs at."""
+    st, up = figures["step_time"], figures.get("startup") or {}
+    cut_ms = up.get("largest_ms") or 0.0
+    mean_ms = st["mean_ms"] - cut_ms / st["steps"]
+    if cut_ms <= 0 or mean_ms <= 0:
+        return figures
+    key = "samples_per_s" if st.get("samples_per_step") else "batches_per_s"
+    out = dict(figures, step_time=dict(st, mean_ms=mean_ms), excluded_startup_ms=cut_ms)
+    out[key] = (st.get("samples_per_step") or 1.0) / (mean_ms / 1e3)
+    return out
+
+
+def short_epochs(figures: dict | None) -> bool:
+    """Re-iterated in short epochs: the window held two epochs or more, or their start-up took
+    STARTUP_SHARE of it or more."""
+    up = (figures or {}).get("startup") or {}
+    return (up.get("epochs") or 0) >= 2 or startup_dominates(figures)
+
+
+def startup_dominates(figures: dict | None) -> bool:
+    up = (figures or {}).get("startup") or {}
+    return (up.get("share") or 0.0) >= STARTUP_SHARE
 
 
 class _BudgetFacts:
@@ -77,19 +129,25 @@ def memory_workers(name: str, config: dict, per_worker_bytes: int | None, system
 
 
 def bounds_for(cores: int, *, memory_most: int | None = None, loading_waits: bool = False,
-               iterable: bool = False, shards_by_worker: bool = False, cuda: bool = False) -> dict:
+               iterable: bool = False, shards_by_worker: bool = False, cuda: bool = False,
+               input_bound: bool | None = None) -> dict:
     """The limits one loader is tuned within. Loading that waits (I/O, sleeps) is not held
-    to the cores; without a memory reading it is held to 4 per core."""
+    to the cores; without a memory reading it is held to 4 per core. `input_bound` False
+    (the loop barely waits for this loader) lets fewer workers be tried; None: not known."""
     cores = max(1, int(cores))
     most = (memory_most if memory_most is not None else 4 * cores) if loading_waits else cores
     if memory_most is not None:
         most = min(most, memory_most)
     return {"max_workers": max(0, most), "cores": cores, "loading_waits": loading_waits,
-            "iterable": iterable, "shards_by_worker": shards_by_worker, "cuda": cuda}
+            "iterable": iterable, "shards_by_worker": shards_by_worker, "cuda": cuda,
+            "input_bound": input_bound}
 
 
-def candidates(current: dict, bounds: dict, advice: list[dict] | None = None) -> list[dict]:
-    """One-change configurations to try from `current`, best first."""
+def candidates(current: dict, bounds: dict, advice: list[dict] | None = None, *,
+               short: bool = False, startup_bound: bool = False) -> list[dict]:
+    """One-change configurations to try from `current`, best first. `short`: short epochs
+    (more workers come persistent); `startup_bound`: the current workers' start-up dominates
+    (persistent workers, then fewer workers, come first)."""
     cur = tuned_part(current)
     out: list[dict] = []
     workers, most = cur["num_workers"], bounds["max_workers"]
@@ -105,17 +163,32 @@ def candidates(current: dict, bounds: dict, advice: list[dict] | None = None) ->
         if rec.get("parameter") in _ADVISED and rec.get("kind", "speedup") == "speedup":
             also = {k: v for k, v in (rec.get("also") or {}).items() if k in _ADVISED}
             add(**{**also, rec["parameter"]: rec["suggested"]})
+    fewer = None
+    if workers and (startup_bound or bounds.get("input_bound") is False):
+        fewer = 0 if startup_bound and not bounds.get("iterable") else workers // 2
+    if startup_bound and not cur["persistent_workers"]:
+        add(persistent_workers=True)  # the start-up paid once, the workers kept
+    if startup_bound and fewer is not None:
+        add(**_fewer(fewer))
     more = 2 if workers == 0 else workers * 2
     if min(more, most) > workers:
-        add(num_workers=min(more, most))
+        add(num_workers=min(more, most), **({"persistent_workers": True} if short else {}))
     if workers:
         if (cur["prefetch_factor"] or 2) < 4:
             add(prefetch_factor=4)
         if not cur["persistent_workers"]:
             add(persistent_workers=True)
+    if fewer is not None:
+        add(**_fewer(fewer))
     if bounds.get("cuda") and not cur["pin_memory"]:
         add(pin_memory=True)
     return out
+
+
+def _fewer(workers: int) -> dict:
+    """The fewer-workers change (0 workers: no worker-only settings, as torch requires)."""
+    return {"num_workers": workers} if workers else \
+        {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False}
 
 
 def _allowed(cur: dict, new: dict, bounds: dict) -> bool:
@@ -148,12 +221,17 @@ class TuningPlan:
         self.done = False
         self.stop_reason: str | None = None
         self.window = 0
+        self.short = False  # re-iterated in short epochs (seen in a window's figures)
 
     def config(self) -> dict:
         return dict(self.trying or self.current)
 
     def _next_candidate(self) -> dict | None:
-        for cand in candidates(self.current, self.bounds, self.advice):
+        short = self.short or short_epochs(self.best)
+        self.short = short  # kept once seen: the epochs' length does not change with the loader
+        startup_bound = bool(self.current["num_workers"]) and not self.current["persistent_workers"] \
+            and startup_dominates(self.best)
+        for cand in candidates(self.current, self.bounds, self.advice, short=short, startup_bound=startup_bound):
             if cand not in self.tried:
                 return cand
         return None
@@ -161,8 +239,12 @@ class TuningPlan:
     def window_done(self, figures: dict | None) -> dict:
         """The decision after one window of the configuration `config()` gave."""
         self.window += 1
+        if figures is not None and self.trying is not None and _makes_persistent(self.current, self.trying):
+            figures = without_first_startup(figures)  # its one-time start-up: not every epoch's
         record = {"schema": SCHEMA, "window": self.window, "config": self.config(),
-                  "figures": _rounded(figures)}
+                  "figures": _rounded(_shipped(figures))}
+        if figures is not None and figures.get("excluded_startup_ms"):
+            record["excluded_startup_ms"] = round(figures["excluded_startup_ms"], 3)
         advised = [r.get("parameter") for r in self.advice if r.get("parameter") in _ADVISED]
         if advised:
             record["advice"] = advised
@@ -211,6 +293,18 @@ class TuningPlan:
         return {"schema": SCHEMA, "start": dict(self.start), "final": dict(self.current),
                 "windows": self.window, "done": self.done, "stopped": self.stop_reason,
                 "gain": _rounded(gain)}
+
+
+def _makes_persistent(current: dict, trying: dict) -> bool:
+    return bool(trying["num_workers"] and trying["persistent_workers"]
+                and not (current["num_workers"] and current["persistent_workers"]))
+
+
+def _shipped(figures: dict | None) -> dict | None:
+    """The figures as records carry them (TuningFigures: the start-up estimate stays here)."""
+    if figures is None:
+        return None
+    return {k: v for k, v in figures.items() if k not in ("startup", "excluded_startup_ms")}
 
 
 def _rounded(d):

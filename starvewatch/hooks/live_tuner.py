@@ -201,6 +201,7 @@ class LoaderTuner:
         self.drawn_for: weakref.WeakSet = weakref.WeakSet()  # persistent user loaders that drew once
         self.times: list | None = None  # the running epoch's clock reads
         self.window: list[int] = []  # step durations of the open window (ns)
+        self.window_epochs = 0  # epochs begun in the open window (their first steps: start-up)
         self.epoch_iter = None  # a weak reference to the last epoch's torch iterator
         self.records: list[dict] = []
         self.loading_waits = False
@@ -232,6 +233,7 @@ class LoaderTuner:
         try:
             with self.lock:
                 self._close_window()
+                self.window_epochs += 1
                 config = self._config()
                 self._draw_seed(loader)
                 twin = self._twin_for(loader, config)
@@ -356,11 +358,12 @@ class LoaderTuner:
             self.window.extend(steps)
             self.step += len(steps)
         if self.plan is None or self.disabled or self.plan.done:
-            self.window = []
+            self.window, self.window_epochs = [], 0
             return
         if len(self.window) < (2 if final else live_tuning.MIN_WINDOW_STEPS):
             return
         steps, self.window = self.window, []
+        epochs, self.window_epochs = self.window_epochs, 0
         if self.board is not None and (self.state.session.rank != 0 or self.running != self.plan.config()):
             return  # with a board: rank 0 judges windows that ran the plan's configuration only
         where = {"mid_epoch": True} if mid_epoch else {}
@@ -371,7 +374,7 @@ class LoaderTuner:
         self.plan.bounds = self._bounds()
         if not final:
             self.plan.advice = self.advice.ready  # the last list computed; never waited for
-        figures = live_tuning.window_figures(steps, self.samples_per_step)
+        figures = live_tuning.window_figures(steps, self.samples_per_step, epochs)
         self._record(dict(self.plan.window_done(figures), **where))
         if not (final or self.plan.done):
             self.advice.request()  # for the next decision, on the run as it is now
@@ -510,7 +513,7 @@ class LoaderTuner:
                                                  _memory_readings())
         return live_tuning.bounds_for(usable_cores(), memory_most=memory_most, loading_waits=waits,
                                       iterable=iterable, shards_by_worker=self._shards_by_worker(),
-                                      cuda=_cuda())
+                                      cuda=_cuda(), input_bound=_input_bound(totals))
 
     def _advice(self) -> list[dict]:
         """The ranked advice for this loader on the run so far (the summary's recommendations,
@@ -675,6 +678,16 @@ def _is_iterable(dataset) -> bool:
         return isinstance(dataset, IterableDataset)
     except Exception:
         return False
+
+
+def _input_bound(totals) -> bool | None:
+    """Whether the loop waits for this loader (10% of its loop time or more, run-wide, as
+    hooks/live.py counts it); None before a step."""
+    wait = totals.wait_ns + totals.epoch_end_wait_ns
+    loop = wait + totals.compute_ns + totals.other_ns
+    if not totals.steps or loop <= 0:
+        return None
+    return wait >= 0.1 * loop
 
 
 def _cuda() -> bool:
