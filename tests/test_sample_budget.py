@@ -15,6 +15,7 @@ import pytest
 from starvewatch.monitor.budget import retention
 from starvewatch.monitor.outputs.export import to_markdown
 from starvewatch.monitor.storage.query import Query
+from starvewatch.monitor.storage.store_schema import SCHEMA_VERSION
 from tests.conftest import wait_until
 from tests.sample_payloads import T0_S, sample_batch
 from tests.test_collector_api import SECOND, batch, post
@@ -153,7 +154,7 @@ def test_a_schema_3_database_opens_migrates_and_folds_its_samples(tmp_path, shor
     with app_client(tmp_path) as client:
         store = client.app.state.store
         w = store._writer
-        assert w.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "5"
+        assert w.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
         assert "span_s" in {r[1] for r in w.execute("PRAGMA table_info(events)")}
         assert {"wait_min_ns", "compute_min_ns", "compute_max_ns"} <= {r[1] for r in w.execute("PRAGMA table_info(rollups)")}
         assert event_rows(store, "span_s = 0") == event_rows(store) == 2160
