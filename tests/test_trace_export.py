@@ -134,3 +134,30 @@ def test_the_collector_types_worker_records_and_keeps_them_once_per_batch(tmp_pa
         stages, workers = figure.data
         assert list(workers.x) == ["worker 0", "worker 1", "main process"]
         assert dict(zip(stages.x, stages.y))["fetch"] == 1.0
+
+
+def test_a_batch_a_worker_finished_before_the_loops_first_step_is_in_the_whole_runs_trace(tmp_path):
+    """Workers forked inside iter() can finish batch 0 before the loop's clock for its first
+    step begins (seen under load: 63 of 64 fetches in the trace). The whole run's trace has it,
+    its time base before it; a window that starts at the first step leaves it out."""
+    from tests.test_collector_api import batch, post
+    from fastapi.testclient import TestClient
+    from starvewatch.monitor.web.app import create_app
+    from starvewatch.monitor.web.collector_settings import CollectorSettings
+
+    start = 1_700_000_000 * 10**9  # the first step's start (tests.test_collector_api.batch)
+    early, late = start - 2_000_000, start + 30_000_000
+    records = {"loader": ["train"] * 2, "worker": [0, 1], "idx": [0, 1], "wait_start_ns": [early] * 2,
+               "got_ns": [early, late], "fetch_start_ns": [early, late], "collate_start_ns": [0, 0],
+               "collate_end_ns": [0, 0], "done_ns": [start - 1_000_000, late + 1_000_000]}
+    settings = CollectorSettings(dir=tmp_path, dashboard=False, spool_scan_s=60)
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as c:
+        sent = batch(n=4)
+        sent["worker_batches"] = records
+        assert post(c, sent).status_code == 200
+        whole = c.get("/api/v1/runs/run-a/export", params={"format": "trace"}).json()
+        fetches = {e["args"]["batch"]: e["ts"] for e in whole["traceEvents"] if e.get("cat") == "starvewatch.fetch"}
+        assert sorted(fetches) == [0, 1] and fetches[0] == 0.0  # the base: the earliest event
+        assert whole["baseTimeNanoseconds"] == early
+        windowed = c.get("/api/v1/runs/run-a/export", params={"format": "trace", "window": "0:1"}).json()
+        assert [e["args"]["batch"] for e in windowed["traceEvents"] if e.get("cat") == "starvewatch.fetch"] == [1]

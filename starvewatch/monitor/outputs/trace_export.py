@@ -104,8 +104,11 @@ def build_trace(store, run_id: str, *, steps: str | None = None, window: str | N
         t_max = max(t_max or 0, start + wait + compute)
     lo = lo_ns if lo_ns is not None else t_min
     hi = hi_ns if hi_ns is not None else t_max
+    # The whole run: every worker batch, those done before the first step's clock began too
+    # (workers forked inside iter() may finish batch 0 before the loop asks for it).
+    whole = step_range is None and window_s is None
     if lo is not None and hi is not None:
-        _worker_slices(store, run_id, rank, lo, hi, ids, loaders, events, budget)
+        _worker_slices(store, run_id, rank, 0 if whole else lo, hi, ids, loaders, events, budget)
         _counters(store, run_id, rank, lo, hi, ids, events, budget)
         _stalls(store, run_id, rank, lo, hi, ids, events, budget)
     for r, (pid, tid) in sorted(processes.items()):
@@ -113,6 +116,8 @@ def build_trace(store, run_id: str, *, steps: str | None = None, window: str | N
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                        "args": {"name": "training thread (starvewatch)"}})
     base = lo or 0
+    if whole and events:  # no event before the base: it is the earliest one's time
+        base = min([base] + [e["ts"] for e in events if "ts" in e])
     for e in events:  # ns -> µs since the base, as Kineto writes them
         if "ts" in e:
             e["ts"] = (e["ts"] - base) / 1000
