@@ -600,3 +600,25 @@ def test_a_huge_prefetch_factor_over_the_shm_budget_gets_the_deepest_that_fits(m
     depth = [r["suggested"] for r in s["recommendations"] if r["parameter"] == "prefetch_factor"]
     assert depth and abs(depth[0] - 2**61) <= 2**40, depth  # 2**61, within float rounding
     assert 0 < CountedMath.calls <= 500
+
+
+def test_bursts_on_one_worker_that_keeps_up_still_get_a_deeper_queue():
+    """Head-of-line waits from one worker that is slow only now and then (a few 60 ms items on
+    worker 1, 2 ms a batch otherwise, 20 ms of compute) are bursts a deeper queue absorbs: the
+    slow worker's pace in order (6.8 / 2 = 3.4 ms a batch) keeps up with the loop. Only where
+    that pace is slower than the loop (the 10x slower worker of `skewed`) does the deeper queue
+    go (test above)."""
+    waits = [int(0.1 * MS)] * 200
+    for i in range(0, 200, 25):
+        waits[i + 1] = int(60 * MS)
+    data = loader(workers=2, wait_ms=0, compute_ms=20, waits=waits, epochs=1, prefetch=2, persistent=True)
+    t = data.totals
+    t.attributed_steps, t.attributed_wait_ns = t.steps, t.wait_ns
+    t.wait_fetch_ns, t.hol_wait_ns = t.wait_ns, t.wait_ns * 8 // 10
+    t.worker_wait_ns, t.worker_hol_ns = [0, t.wait_ns], [0, t.hol_wait_ns]
+    t.worker_batches = [100, 100]
+    t.worker_batch_ns = [100 * 2 * MS, 100 * 2 * MS + 8 * 60 * MS]
+    s = run(data, system_info=system(cpu_fraction=0.1, load_ms=5))
+    assert [f["kind"] for f in s["findings"]] == ["head_of_line"]  # named, as it is
+    [rec] = [r for r in s["recommendations"] if r["parameter"] == "prefetch_factor"]
+    assert rec["suggested"] == 6 and rec["kind"] == "speedup"
