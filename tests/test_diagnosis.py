@@ -168,6 +168,9 @@ def test_in_order_false_is_predicted_from_the_workers_batch_times_and_only_where
     assert 2.0 < rec["expected_speedup"] < 2.4, rec
     [finding] = [f for f in s["findings"] if f["kind"] == "head_of_line"]
     assert finding["detail"]["worker"] == 1 and finding["detail"]["order_free"] is True
+    # The line to copy carries the change (it was None: in_order was no argument it wrote).
+    line = snippet(skewed().config, s["recommendations"], "train")
+    assert "in_order=False" in line and "shuffle=True" in line and "num_workers=3" in line, line
     for data in (skewed(sampler="SequentialSampler"), skewed(in_order=False)):
         s = run(data, system_info=system(cpu_fraction=0.1, load_ms=32))
         assert not [r for r in s["recommendations"] if r["parameter"] == "in_order"]

@@ -22,7 +22,7 @@ __all__ = ["DEFAULT", "Thresholds", "diagnose", "applied_config", "verify", "joi
 
 LIMITING_FACTORS = ("input_bound_cpu", "input_bound_io", "input_bound_main", "epoch_startup", "host_bound",
                     "compute_bound")
-DATALOADER_ARGS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+DATALOADER_ARGS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "in_order")
 VALIDATION_NAMES = ("val", "valid", "validation", "eval", "test", "dev")
 
 

@@ -11,7 +11,7 @@ from .diagnosis import applied_config, custom_batch_sampler
 # the user's own, and nothing to write.
 _SAMPLERS = {"SequentialSampler": False, "RandomSampler": True, "_InfiniteConstantSampler": False}
 _DEFAULT_COLLATES = ("default_collate", "default_convert", "collate")
-_ADVISED = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size")
+_ADVISED = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "batch_size", "in_order")
 
 
 def call_arguments(config: dict | None, recs: list[dict], loader: str) -> tuple[dict, bool]:
@@ -57,7 +57,7 @@ def call_arguments(config: dict | None, recs: list[dict], loader: str) -> tuple[
             out["multiprocessing_context"] = context
         if config.get("timeout"):
             out["timeout"] = config["timeout"]
-    if config.get("in_order") is False:
+    if applied.get("in_order", config.get("in_order")) is False:  # advised (issue 38) or the user's
         out["in_order"] = False
     if "batch_size" in applied and "batch_size" in out:
         out["batch_size"] = applied["batch_size"]

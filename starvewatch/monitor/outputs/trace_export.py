@@ -21,6 +21,15 @@ WORKER_TID_BASE = 1_000_000  # synthetic thread ids of the worker tracks (per lo
 SYNTHETIC_PID_BASE = 4_000_000  # a rank whose pid the run's metadata does not give
 
 
+def _to_microseconds(events: list[dict], base: int) -> None:
+    """ns -> µs since the base, as Kineto writes them."""
+    for e in events:
+        if "ts" in e:
+            e["ts"] = (e["ts"] - base) / 1000
+        if "dur" in e:
+            e["dur"] = e["dur"] / 1000
+
+
 def _parse_range(text: str | None, kind=int) -> tuple | None:
     """"A:B" (either side may be empty) into (A or None, B or None); None for None."""
     if text is None or text == "":
@@ -118,11 +127,7 @@ def build_trace(store, run_id: str, *, steps: str | None = None, window: str | N
     base = lo or 0
     if whole and events:  # no event before the base: it is the earliest one's time
         base = min([base] + [e["ts"] for e in events if "ts" in e])
-    for e in events:  # ns -> µs since the base, as Kineto writes them
-        if "ts" in e:
-            e["ts"] = (e["ts"] - base) / 1000
-        if "dur" in e:
-            e["dur"] = e["dur"] / 1000
+    _to_microseconds(events, base)
     return {"traceEvents": events, "displayTimeUnit": "ms", "baseTimeNanoseconds": base,
             "starvewatch": {"run_id": run_id, "events": len(events), "truncated": budget.cut is not None,
                             "cut_at": budget.cut, "max_events": max_events,
