@@ -444,12 +444,12 @@ def test_the_run_page_shows_the_tuning_timeline_stored_once(tmp_path, request, d
     figures = {"step_time": {"mean_ms": 50.0, "sd_ms": 2.0, "steps": 16, "samples_per_step": 4},
                "samples_per_s": 80.0}
     records = [
-        {"schema": "starvewatch.tuning/1", "loader": "train", "window": 1, "decision": "measured", "config": cfg,
+        {"schema": "starvewatch.live_tuning/1", "loader": "train", "window": 1, "decision": "measured", "config": cfg,
          "figures": figures, "next": two, "t_ns": 1_700_000_001 * 10**9},
-        {"schema": "starvewatch.tuning/1", "loader": "train", "window": 2, "decision": "kept", "config": two,
+        {"schema": "starvewatch.live_tuning/1", "loader": "train", "window": 2, "decision": "kept", "config": two,
          "figures": dict(figures, samples_per_s=150.0),
          "interval": {"speedup": 1.8, "low": 1.4, "high": 2.3, "basis": "samples/s"}, "t_ns": 1_700_000_002 * 10**9},
-        {"schema": "starvewatch.tuning/1", "loader": "train", "decision": "outcome", "start": cfg, "final": two,
+        {"schema": "starvewatch.live_tuning/1", "loader": "train", "decision": "outcome", "start": cfg, "final": two,
          "windows": 2, "gain": {"speedup": 1.8, "low": 1.4, "high": 2.3, "basis": "samples/s"},
          "line": "DataLoader(dataset, batch_size=4, num_workers=2)", "t_ns": 1_700_000_003 * 10**9}]
     store = open_store(str(tmp_path / "db.sqlite") if database == "sqlite" else request.getfixturevalue("postgres_url"))

@@ -34,7 +34,7 @@ from .throughput_model import Thresholds
 from .loader_settings import tuned_part  # noqa: F401  (the tuner reads it from here)
 from .verification import speedup_interval
 
-SCHEMA = "starvewatch.tuning/1"
+SCHEMA = "starvewatch.live_tuning/1"  # not starvewatch.tuning/1: that is `starvewatch tune`'s document
 MIN_WINDOW_STEPS = 16  # a window spans whole epochs until it holds this many steps
 # ... or, in a long epoch of a map-style loader, is decided in its middle at this many steps
 # (hooks/live_tuner.py: the old iterator delivers what it holds, the new one takes the rest)

@@ -68,7 +68,7 @@ def judge(expected: float | None, measured: dict | None) -> str:
 
 def tuned_outcomes(summary: dict) -> dict[str, dict]:
     """Each live-tuned loader's outcome (the summary's `live_tuning` section,
-    `starvewatch.tuning/1`: start, final, gain), by loader name; {} for a run not tuned live."""
+    `starvewatch.live_tuning/1`: start, final, gain), by loader name; {} for a run not tuned live."""
     tuning = summary.get("live_tuning") or {}
     return {o["loader"]: o for o in tuning.get("loaders") or []
             if isinstance(o, dict) and o.get("loader") and "start" in o and "final" in o}

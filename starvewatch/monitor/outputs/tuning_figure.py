@@ -1,6 +1,6 @@
 """Live tuning's throughput chart (issue 39 item 6): the loop's samples/s per window with its
 95% interval, above the configuration each window ran, both over training steps. Data in
-(the summary's `tuning` section, `starvewatch.tuning/1`), figure out; the run page's tuning
+(the summary's `tuning` section, `starvewatch.live_tuning/1`), figure out; the run page's tuning
 panel shows it beside the timeline table."""
 from __future__ import annotations
 

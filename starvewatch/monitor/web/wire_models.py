@@ -286,7 +286,7 @@ class TuningInterval(Strict):
 
 
 class TuningRecord(Open):
-    """One window and decision of live tuning (`starvewatch.tuning/1`, hooks/live_tuner.py), or
+    """One window and decision of live tuning (`starvewatch.live_tuning/1`, hooks/live_tuner.py), or
     a loader's outcome at the run's end (`decision` "outcome": start, final, gain, line)."""
     t_ns: WallNs | None = None
     loader: Name
