@@ -179,3 +179,12 @@ def test_pages_carry_a_script_policy_that_allows_only_dash_itself(collector):
             hashes = {"'sha256-" + base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() + "'"
                       for _, body in inline}
             assert inline and hashes <= set(scripts[1:]), (inline, scripts)
+
+
+def test_a_stall_whose_stored_stack_is_no_text_names_no_frames():
+    """An old row may hold any JSON as a stall's stack: the run page's stall banner read it as
+    a faulthandler dump and raised (the page never showed its stalls; the browser test above
+    failed whenever the summary was computed after the row changed)."""
+    from starvewatch.analysis.findings.stall_text import stack_frames, stall_where
+    assert stack_frames(COMPONENT) == [] and stack_frames(["File x"]) == []
+    assert stall_where({"stack": COMPONENT}) in (None, "")

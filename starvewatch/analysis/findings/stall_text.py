@@ -11,7 +11,7 @@ def stack_frames(stack: str | None) -> list[str]:
     """The frames of the thread that loads data, innermost first, from a faulthandler dump:
     the thread whose frames include a DataLoader fetch (or `__getitem__`/`__iter__`), else
     the first thread written."""
-    if not stack:
+    if not stack or not isinstance(stack, str):  # an old row may hold any JSON: no frames in it
         return []
     threads = [block.strip().splitlines() for block in stack.split("\n\n") if block.strip()]
     threads = [[line.strip() for line in t[1:] if line.strip().startswith("File ")] for t in threads]
