@@ -158,8 +158,11 @@ def training_part(parts: list[dict]) -> dict | None:
 
 
 def summarize(run: dict, loaders: list[LoaderData], *, stalls=(), system: dict | None = None,
-              previous: dict | None = None, worker_events: list[dict] | None = None) -> dict:
-    """The run summary (schema `starvewatch.summary/2`) with verdict and recommendations."""
+              previous: dict | None = None, worker_events: list[dict] | None = None,
+              live_tuning: tuple[list[dict], list[dict]] | None = None) -> dict:
+    """The run summary (schema `starvewatch.summary/2`) with verdict and recommendations.
+    `live_tuning`: (records, outcomes) of a run tuned live, attached before verify-after-change
+    (which reads a tuned run as start -> final) and replacing the advice it measured."""
     from .diagnosis import diagnose
 
     loader_parts = [loader_summary(d) for d in loaders]
@@ -191,7 +194,12 @@ def summarize(run: dict, loaders: list[LoaderData], *, stalls=(), system: dict |
         "recommendations": [],
         "system": system,
     }
+    if live_tuning is not None:
+        from .live_tuning import with_live_tuning
+        with_live_tuning(summary, *live_tuning)  # read by the verification diagnose() writes
     diagnose(summary, loaders, system=system, previous=previous, run=run)
+    if live_tuning is not None:
+        with_live_tuning(summary, *live_tuning)  # the advice tuning measured goes
     return summary
 
 

@@ -280,11 +280,10 @@ class Session:
                    world_size=self.world_size)
         from ..analysis.system import overview
         history = [event for sampler in self.samplers for event in sampler.history]
+        # Live tuning (windows and decisions, each loader's start, final, gain and line to copy).
+        live = None if self.tuning_outcomes is None else (self.tuning_records, self.tuning_outcomes)
         summary = summarize(run, loaders, stalls=self.stalls, system=overview(history, rank=self.rank),
-                            worker_events=[e for kind, e in history if kind == "workers"])
-        if self.tuning_outcomes is not None:  # live tuning: windows and decisions, each loader's
-            from ..analysis.live_tuning import with_live_tuning  # start, final, gain and line
-            with_live_tuning(summary, self.tuning_records, self.tuning_outcomes)
+                            worker_events=[e for kind, e in history if kind == "workers"], live_tuning=live)
         # Where every step record went: acknowledged + spooled + dropped = the steps run.
         summary["delivery"] = add_accounts(with_buffer_drops(shipper.pipeline.account(),
                                                              [s.describe(s.totals) for s in self.loader_list]),

@@ -205,18 +205,13 @@ class Query:
     def summary(self, run_id: str, rank: int | None = None) -> dict:
         meta = self.run_meta(run_id)
         loaders = self.store.loader_data(run_id, rank)
-        previous = self.previous_summary(meta)
+        live = self.live_tuning(run_id, rank)
         summary = summarize(meta, loaders, stalls=self.stalls(run_id),
-                            system=self.system_overview(run_id, rank), previous=previous,
-                            worker_events=self.worker_events(run_id, rank))
+                            system=self.system_overview(run_id, rank), previous=self.previous_summary(meta),
+                            worker_events=self.worker_events(run_id, rank),
+                            live_tuning=None if live is None else (live["records"], live["loaders"]))
         if rank is None:
             summary["stragglers"] = self.stragglers(run_id)
-        live = self.live_tuning(run_id, rank)
-        if live is not None:
-            with_live_tuning(summary, live["records"], live["loaders"])
-            if previous:  # verified again: a tuned run's change is its start -> final
-                from ...analysis.verification import verify
-                summary["verification"] = verify(previous, summary)
         streams = [s for s in self.store.stream_rows(run_id) if rank is None or s["rank"] == rank]
         delivery = merge_accounts([stream_account(s) for s in streams])
         if rank is None:
@@ -340,10 +335,9 @@ class Query:
             return None
         try:
             prev_meta = self.run_meta(previous)
-            summary = summarize(prev_meta, self.store.loader_data(previous), system=self.system_overview(previous))
-            live = self.live_tuning(previous)
-            if live is not None:  # a tuned earlier run: compared by its final configuration and windows
-                with_live_tuning(summary, live["records"], live["loaders"])
+            live = self.live_tuning(previous)  # a tuned earlier run: compared by its final configuration
+            summary = summarize(prev_meta, self.store.loader_data(previous), system=self.system_overview(previous),
+                                live_tuning=None if live is None else (live["records"], live["loaders"]))
             return with_tuning(summary, self.store.latest_tuning(previous))
         except Exception as exc:  # an earlier run that cannot be read never breaks this one
             _unreadable.error(f"previous:{type(exc).__name__}", "run %s cannot be compared with: %s: %s",
